@@ -1,0 +1,71 @@
+"""Index building: `radix_core.build_radix_index` against the `radix-mlp` package, side by side.
+
+Both get the same uint32 ids, positions and cu_seqlens (radix-mlp's native input); ours also returns the
+compact-attention metadata. Timings are medians over interleaved repetitions in one process.
+
+    python bench/index_bench.py [--repeats 15] [--out bench/results/index_bench.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+from radix_mlp import compute_fold_and_scatter
+
+from radix_core.index import build_radix_index
+
+SHAPES = [(32, 512), (256, 512), (2048, 512)]
+RATIOS = [0.0, 0.25, 0.5, 0.75, 1.0]
+VOCAB = 32000
+
+
+def make_batch(batch: int, length: int, ratio: float, rng: np.random.Generator):
+    """`batch` sequences of `length` tokens sharing their first `ratio * length` tokens."""
+    shared = rng.integers(0, VOCAB, int(round(ratio * length)))
+    ids = np.concatenate([np.concatenate([shared, rng.integers(0, VOCAB, length - shared.size)])
+                          for _ in range(batch)]).astype(np.uint32)  # (B*L,)
+    pos = np.tile(np.arange(length, dtype=np.uint32), batch)  # (B*L,)
+    cu = (np.arange(batch + 1) * length).astype(np.uint32)  # (B+1,)
+    return ids, pos, cu
+
+
+def median_times(fns: dict, repeats: int) -> dict:
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "index_bench.md")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    rows = ["| shape | shared | N'/N | radix-mlp ms | ours ms | ours/radix-mlp throughput | numpy fallback ms |",
+            "|---|---|---|---|---|---|---|"]
+    for batch, length in SHAPES:
+        for ratio in RATIOS:
+            ids, pos, cu = make_batch(batch, length, ratio, rng)
+            t = median_times({
+                "rust": lambda: compute_fold_and_scatter(ids, pos, cu),
+                "ours": lambda: build_radix_index(ids, cu, pos),
+                "numpy": lambda: build_radix_index(ids, cu, pos, backend="numpy"),
+            }, args.repeats)
+            compression = build_radix_index(ids, cu, pos).compression
+            rows.append(f"| {batch}x{length} | {ratio:.2f} | {compression:.3f} | {t['rust'] * 1e3:.3f} | "
+                        f"{t['ours'] * 1e3:.3f} | {t['rust'] / t['ours']:.2f}x | {t['numpy'] * 1e3:.3f} |")
+            print(rows[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("# Index building\n\nCommand: `python bench/index_bench.py`\n\n" + "\n".join(rows) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""radix_core: the radixserve engine. Imports torch, numpy, transformers and triton; never Ray or gRPC."""
+
+from radix_core.engine import Engine, ForwardResult
+from radix_core.index import RadixIndex, build_radix_index
+
+__all__ = ["Engine", "ForwardResult", "RadixIndex", "build_radix_index"]

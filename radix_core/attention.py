@@ -1,0 +1,127 @@
+"""Attention backends over ragged batches, for all three engine layouts.
+
+Every mode reduces to one problem, described by `AttentionMetadata` (built once per batch): sequence `s`
+attends with query rows `cu_seqlens_q[s]:cu_seqlens_q[s+1]` of `q` to key/value rows `kv_index[k_s:k_e]`
+(`k_s, k_e = cu_seqlens_k[s], cu_seqlens_k[s+1]`) of `k`/`v`, causal and aligned bottom-right (query `j` of
+`Lq` sees path positions `0 .. Lk - Lq + j`). Sequences with `Lq == 0` are skipped.
+
+* `off`: rows are the original tokens; `kv_index` is None (rows in place), `cu_q == cu_k`.
+* `mlp` (RadixMLP as published): q/k/v are first scattered from compact rows to the original layout, attention
+  runs there as in `off`, and the output is gathered back with `fold_gather`.
+* `full` (compact attention): queries are the compact rows themselves (each sequence's added block);
+  `kv_index = scatter`, so keys/values are each sequence's whole path read from compact K/V.
+
+Backends: `torch` (CPU and reference: one `scaled_dot_product_attention` per sequence), `flash`
+(`flash_attn_varlen_func` on CUDA over gathered K/V).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """What one batch's attention needs, on the engine's device."""
+
+    cu_seqlens_q: torch.Tensor  # (B+1,) int32 query row boundaries
+    cu_seqlens_k: torch.Tensor  # (B+1,) int32 key boundaries in kv_index (or in rows, when kv_index is None)
+    max_seqlen_q: int
+    max_seqlen_k: int
+    kv_index: torch.Tensor | None = None  # (total_k,) int64 rows of k/v forming each sequence's path
+    qkv_scatter: torch.Tensor | None = None  # (N,) int64 `mlp` mode: compact -> original rows before attention
+    out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
+
+    @cached_property
+    def bounds(self) -> list[tuple[int, int, int, int]]:
+        """Per sequence (q_start, q_end, k_start, k_end) as Python ints, for backends that loop."""
+        q = self.cu_seqlens_q.tolist()
+        k = self.cu_seqlens_k.tolist()
+        return [(q[s], q[s + 1], k[s], k[s + 1]) for s in range(len(q) - 1)]
+
+
+class AttentionBackend:
+    """`attend(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale) -> (Nq, Hq, D)`."""
+
+    name = "abstract"
+
+    def __call__(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if meta.qkv_scatter is not None:  # RadixMLP: attention in the original layout
+            q, k, v = (t.index_select(0, meta.qkv_scatter) for t in (q, k, v))  # (N, H, D)
+            return self.attend(q, k, v, meta, scale).index_select(0, meta.out_gather)  # (N', Hq, D)
+        return self.attend(q, k, v, meta, scale)
+
+    def attend(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TorchAttention(AttentionBackend):
+    """One `scaled_dot_product_attention` call per sequence; CPU path and the reference for the others."""
+
+    name = "torch"
+
+    def attend(self, q, k, v, meta, scale):
+        out = torch.empty_like(q)  # (Nq, Hq, D); every query row belongs to exactly one sequence
+        gqa = q.shape[1] != k.shape[1]
+        for q_start, q_end, k_start, k_end in meta.bounds:
+            if q_end == q_start:
+                continue
+            rows = slice(k_start, k_end) if meta.kv_index is None else meta.kv_index[k_start:k_end]
+            qs = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # (1, Hq, Lq, D)
+            ks = k[rows].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Lk, D)
+            vs = v[rows].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Lk, D)
+            lq, lk = q_end - q_start, k_end - k_start
+            mask = None if lq == lk else _lower_right_causal(lq, lk, q.device)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                               enable_gqa=gqa)  # (1, Hq, Lq, D)
+            out[q_start:q_end] = o[0].transpose(0, 1)
+        return out
+
+
+def _lower_right_causal(lq: int, lk: int, device) -> torch.Tensor:
+    """(Lq, Lk) bool: query j sees keys 0 .. Lk - Lq + j."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
+
+
+class FlashAttention(AttentionBackend):
+    """flash-attn varlen on CUDA; causal masks align bottom-right when `seqlen_q < seqlen_k`."""
+
+    name = "flash"
+
+    def __init__(self):
+        from flash_attn import flash_attn_varlen_func
+
+        self._varlen = flash_attn_varlen_func
+
+    def attend(self, q, k, v, meta, scale):
+        if meta.kv_index is not None:
+            k, v = k.index_select(0, meta.kv_index), v.index_select(0, meta.kv_index)  # (total_k, Hkv, D)
+        return self._varlen(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_seqlen_q, meta.max_seqlen_k,
+                            softmax_scale=scale, causal=True)
+
+
+ATTENTION_CHOICES = ("auto", "torch", "flash")
+
+
+def make_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """Pick the attention backend; "auto" is flash-attn on CUDA in half precision when installed, else torch."""
+    if name not in ATTENTION_CHOICES:
+        raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
+    flash_fits = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    if name == "torch" or (name == "auto" and not flash_fits):
+        return TorchAttention()
+    if not flash_fits:
+        raise ValueError(f"attention='flash' runs on CUDA in float16/bfloat16, not on {device.type} in {dtype}")
+    try:
+        return FlashAttention()
+    except ImportError as err:
+        if name == "auto":
+            return TorchAttention()
+        raise ValueError(
+            "attention='flash' needs flash-attn: pip install 'radixserve[gpu]' "
+            f"(or pip install flash-attn --no-build-isolation) ({err})"
+        ) from err

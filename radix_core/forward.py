@@ -1,0 +1,104 @@
+"""The ragged, compact-space forward: which rows are computed, and the layer loop over them.
+
+A `BatchPlan` fixes, for one batch and one mode, the rows that position-wise work runs on (original tokens in
+`off`, compact tokens in `mlp` and `full`), how each original token maps to a row, and the attention metadata.
+`run_layers` then drives the model's own modules over those rows; no tensor is ever padded to `[B, L_max]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radix_core.architectures import Architecture
+from radix_core.attention import AttentionBackend, AttentionMetadata
+from radix_core.index import RadixIndex
+
+MODES = ("off", "mlp", "full")
+
+
+@dataclass
+class BatchPlan:
+    """One batch laid out for one mode, on the engine's device."""
+
+    mode: str  # "off", "mlp" or "full"
+    row_ids: torch.Tensor  # (R,) int64 token id of each computed row
+    row_positions: torch.Tensor  # (R,) int64 position id of each computed row
+    row_of_token: torch.Tensor  # (N,) int64 computed row of each original token
+    cu_seqlens: np.ndarray  # (B+1,) int64 original sequence boundaries
+    attention: AttentionMetadata
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.row_of_token.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_ids.shape[0])
+
+
+def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.device) -> BatchPlan:
+    """`off`: every original token is a row, attention per sequence in place."""
+    lengths = np.diff(cu_seqlens)  # (B,)
+    positions = np.arange(cu_seqlens[-1]) - np.repeat(cu_seqlens[:-1], lengths)  # (N,)
+    cu = torch.as_tensor(cu_seqlens, dtype=torch.int32, device=device)
+    max_len = int(lengths.max())
+    return BatchPlan(
+        mode="off",
+        row_ids=_long(input_ids, device),
+        row_positions=_long(positions, device),
+        row_of_token=torch.arange(int(cu_seqlens[-1]), device=device),
+        cu_seqlens=cu_seqlens,
+        attention=AttentionMetadata(cu, cu, max_len, max_len),
+    )
+
+
+def plan_compact(index: RadixIndex, mode: str, device: torch.device) -> BatchPlan:
+    """`mlp` or `full`: compact tokens are the rows; attention as RadixMLP (`mlp`) or compact (`full`)."""
+    scatter = _long(index.scatter, device)  # (N,)
+    cu_k = torch.as_tensor(index.cu_seqlens.astype(np.int32), device=device)  # (B+1,)
+    if mode == "mlp":
+        attention = AttentionMetadata(cu_k, cu_k, index.max_seqlen_k, index.max_seqlen_k,
+                                      qkv_scatter=scatter, out_gather=_long(index.fold_gather, device))
+    else:
+        cu_q = torch.as_tensor(index.cu_seqlens_q.astype(np.int32), device=device)  # (B+1,)
+        attention = AttentionMetadata(cu_q, cu_k, index.max_seqlen_q, index.max_seqlen_k, kv_index=scatter)
+    return BatchPlan(
+        mode=mode,
+        row_ids=_long(index.compact_input_ids, device),
+        row_positions=_long(index.compact_position_ids, device),
+        row_of_token=scatter,
+        cu_seqlens=index.cu_seqlens.astype(np.int64),
+        attention=attention,
+    )
+
+
+def _long(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(a.astype(np.int64, copy=False)).to(device)
+
+
+def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -> torch.Tensor:
+    """(R, hidden) final-normed hidden states of the plan's rows."""
+    h = arch.embed_tokens(plan.row_ids)  # (R, hidden)
+    cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, head_dim) each
+    cos, sin = cos[0], sin[0]  # (R, head_dim)
+    for layer in arch.layers:
+        h = h + _attention_block(arch, layer, layer.input_layernorm(h), cos, sin, plan.attention, backend)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return arch.norm(h)
+
+
+def _attention_block(arch, layer, x, cos, sin, meta, backend) -> torch.Tensor:
+    """The decoder layer's self-attention on rows: projections, q/k-norm, rotary, backend, output projection."""
+    attn = layer.self_attn
+    rows = x.shape[0]
+    q = attn.q_proj(x).view(rows, -1, attn.head_dim)  # (R, Hq, D)
+    k = attn.k_proj(x).view(rows, -1, attn.head_dim)  # (R, Hkv, D)
+    v = attn.v_proj(x).view(rows, -1, attn.head_dim)  # (R, Hkv, D)
+    if hasattr(attn, "q_norm"):  # Qwen3
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = arch.apply_rotary(q, k, cos, sin, unsqueeze_dim=1)  # cos (R, 1, D) against (R, H, D)
+    out = backend(q, k, v, meta, attn.scaling)  # (R, Hq, D)
+    return attn.o_proj(out.reshape(rows, -1))  # (R, hidden)

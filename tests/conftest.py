@@ -1,0 +1,33 @@
+"""Session-wide test setup: offline Hugging Face, and tiny model directories built once per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# No machine here reaches a model hub; set before anything imports huggingface_hub, which reads these once.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`tiny_model_dir(arch="qwen3", head="causal_lm", preset="tiny") -> Path`, each built once per session.
+
+    Tests must treat the directories as read-only: other tests get the same ones.
+    """
+    from radix_core.tiny_models import PRESETS, make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    built: dict[tuple[str, str, str], Path] = {}
+
+    def get(arch: str = "qwen3", head: str = "causal_lm", preset: str = "tiny") -> Path:
+        key = (arch, head, preset)
+        if key not in built:
+            built[key] = make_tiny_model(root / "-".join(key), arch, head, **PRESETS[preset])
+        return built[key]
+
+    return get
