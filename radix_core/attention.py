@@ -12,7 +12,8 @@ attends with query rows `cu_seqlens_q[s]:cu_seqlens_q[s+1]` of `q` to key/value 
   `kv_index = scatter`, so keys/values are each sequence's whole path read from compact K/V.
 
 Backends: `torch` (CPU and reference: one `scaled_dot_product_attention` per sequence), `flash`
-(`flash_attn_varlen_func` on CUDA over gathered K/V).
+(`flash_attn_varlen_func` on CUDA over gathered K/V), `triton` (`radix_core.kernels.compact_attention`, reading
+K/V through the path index).
 """
 
 from __future__ import annotations
@@ -104,24 +105,48 @@ class FlashAttention(AttentionBackend):
                             softmax_scale=scale, causal=True)
 
 
-ATTENTION_CHOICES = ("auto", "torch", "flash")
+class TritonAttention(AttentionBackend):
+    """`radix_core.kernels.compact_attention`: K/V read through the path index inside the kernel, no gathered
+    copy; compiled on CUDA, interpreted on the CPU under `TRITON_INTERPRET=1` (tests)."""
+
+    name = "triton"
+
+    def __init__(self, device: torch.device):
+        from radix_core.kernels import compact_attention, triton_available
+
+        if not triton_available(device):
+            raise ValueError(f"attention='triton' needs a CUDA device (or TRITON_INTERPRET=1 set before triton is "
+                             f"imported, for tests on the CPU); got {device}")
+        self._attention = compact_attention
+
+    def attend(self, q, k, v, meta, scale):
+        rows = meta.kv_index if meta.kv_index is not None else torch.arange(k.shape[0], device=k.device)
+        return self._attention(q, k, v, rows, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_seqlen_q, scale)
+
+
+ATTENTION_CHOICES = ("auto", "torch", "flash", "triton")
 
 
 def make_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """Pick the attention backend; "auto" is flash-attn on CUDA in half precision when installed, else torch."""
+    """Pick the attention backend. "auto": torch on the CPU; on CUDA flash-attn (half precision, when installed),
+    else the Triton kernels. Which of flash and Triton is faster on which GPU is what `bench/gpu_check.py`
+    measures (bench/results/gpu/NOTES.md); until a GPU run says otherwise, flash-attn comes first."""
     if name not in ATTENTION_CHOICES:
         raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
-    flash_fits = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-    if name == "torch" or (name == "auto" and not flash_fits):
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
         return TorchAttention()
-    if not flash_fits:
+    if name == "triton":
+        return TritonAttention(device)
+    flash_fits = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    if name == "flash" and not flash_fits:
         raise ValueError(f"attention='flash' runs on CUDA in float16/bfloat16, not on {device.type} in {dtype}")
     try:
-        return FlashAttention()
+        if flash_fits:
+            return FlashAttention()
     except ImportError as err:
-        if name == "auto":
-            return TorchAttention()
-        raise ValueError(
-            "attention='flash' needs flash-attn: pip install 'radixserve[gpu]' "
-            f"(or pip install flash-attn --no-build-isolation) ({err})"
-        ) from err
+        if name == "flash":
+            raise ValueError(
+                "attention='flash' needs flash-attn: pip install 'radixserve[gpu]' "
+                f"(or pip install flash-attn --no-build-isolation) ({err})"
+            ) from err
+    return TritonAttention(device)

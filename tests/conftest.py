@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 # No machine here reaches a model hub; set before anything imports huggingface_hub, which reads these once.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# Without CUDA, Triton kernels run under Triton's interpreter, which must be chosen before anything imports
+# triton (transformers' model modules do): Triton fixes "interpreted or compiled" per function at definition.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
