@@ -1,0 +1,218 @@
+"""Typed application arguments (`serve_config.yaml` `args:`), and their translation to Ray Serve options.
+
+Every model rejects unknown keys with a message naming them (and the closest known key), so a typo in the YAML
+fails at start-up instead of silently keeping a default. `RADIXSERVE_MODEL` in the environment overrides
+`model`, so a local directory can be served without editing the file. Importing this module does not import
+torch or start Ray; the Ray objects are built by the helpers on demand.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deployments.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VIRTUAL_NODES
+
+MODEL_ENV = "RADIXSERVE_MODEL"
+DEFAULT_MODEL = "Qwen/Qwen3-Reranker-0.6B"
+ROUTER_CLASS = "deployments.router:PrefixAffinityRouter"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Settings(BaseModel):
+    """Strict base: unknown keys are an error that names them; inputs stay out of errors (keys may be misplaced)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            if unknown:
+                hints = []
+                for key in unknown:
+                    close = difflib.get_close_matches(key, cls.model_fields, n=1)
+                    hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                raise ValueError(f"unknown setting(s) {', '.join(hints)} for {cls.__name__}; "
+                                 f"known: {', '.join(cls.model_fields)}")
+        return data
+
+
+class AutoscalingSettings(_Settings):
+    """Ray Serve request-based autoscaling for one deployment."""
+
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas kept running (0 allows scale to zero).")
+    max_replicas: int = Field(4, ge=1, description="Most replicas; each engine replica needs its accelerator.")
+    target_ongoing_requests: float = Field(
+        32.0, gt=0, description="Requests per replica (running + queued) the autoscaler aims for; an engine "
+                                "replica batches many requests at once, so this is far above Ray's default of 2.")
+    upscale_delay_s: float = Field(30.0, ge=0, description="How long load must stay high before scaling up.")
+    downscale_delay_s: float = Field(600.0, ge=0, description="How long load must stay low before scaling down.")
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> AutoscalingSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
+
+    def to_autoscaling_config(self) -> dict[str, Any]:
+        """The `autoscaling_config` dict Ray Serve takes in `.options()` or a deployment's YAML."""
+        return self.model_dump()
+
+
+class ReplicaSettings(_Settings):
+    """How many replicas a deployment runs: a fixed `num_replicas`, or `autoscaling` (exactly one of them).
+
+    A bare integer is accepted as shorthand for `num_replicas`.
+    """
+
+    num_replicas: int | None = Field(None, ge=1, description="Fixed replica count (without autoscaling).")
+    autoscaling: AutoscalingSettings | None = Field(None, description="Autoscaling bounds and targets.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _int_shorthand(cls, data: Any) -> Any:
+        return {"num_replicas": data} if isinstance(data, int) and not isinstance(data, bool) else data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ReplicaSettings:
+        if (self.num_replicas is None) == (self.autoscaling is None):
+            raise ValueError("set exactly one of num_replicas (a fixed count) or autoscaling (min/max bounds), "
+                             f"got num_replicas={self.num_replicas} and autoscaling={self.autoscaling}")
+        return self
+
+    def to_serve_options(self) -> dict[str, Any]:
+        """`{"num_replicas": n}` or `{"autoscaling_config": {...}}` for `Deployment.options()`."""
+        if self.autoscaling is not None:
+            return {"autoscaling_config": self.autoscaling.to_autoscaling_config()}
+        return {"num_replicas": self.num_replicas}
+
+
+class RouterSettings(_Settings):
+    """PrefixAffinityRouter tuning: consistent hashing with bounded loads over the engine replicas."""
+
+    load_factor: float = Field(DEFAULT_LOAD_FACTOR, ge=1.0, le=10.0,
+                               description="A replica above this multiple of the mean outstanding tokens is "
+                                           "skipped for new keys' requests (1.25 = 25% over the mean).")
+    virtual_nodes: int = Field(DEFAULT_VIRTUAL_NODES, ge=1, le=4096,
+                               description="Ring points per replica; more spread keys more evenly.")
+    min_load_tokens: int = Field(
+        0, ge=0, description="A replica with at most this many outstanding tokens is never skipped. 0 is the plain "
+                             "bounded-load rule (concurrent requests of one key spread when the others idle); "
+                             "max_batch_tokens keeps a burst of one prefix together while it fits one batch.")
+
+    def to_request_router_config(self):
+        """Ray's `RequestRouterConfig` selecting `PrefixAffinityRouter` with these settings."""
+        from ray.serve.config import RequestRouterConfig
+
+        return RequestRouterConfig(request_router_class=ROUTER_CLASS, request_router_kwargs=self.model_dump())
+
+
+class AppArgs(_Settings):
+    """Arguments of the radixserve application (`deployments.app:build`)."""
+
+    model: str = Field(DEFAULT_MODEL, min_length=1,
+                       description=f"Hugging Face model id or local directory; ${MODEL_ENV} overrides it.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and activations dtype; auto is bfloat16 on GPU, float32 on CPU.")
+    accelerator: Literal["auto", "gpu", "cpu"] = Field(
+        "auto", description="gpu: one GPU per engine replica; auto: gpu when the Ray cluster has GPUs, else cpu.")
+    radix: Literal["auto", "off", "mlp", "full"] = Field(
+        "auto", description="off: ragged baseline; mlp: RadixMLP; full: compact attention too; auto: per batch.")
+    radix_threshold: float = Field(0.9, ge=0.0, le=1.0,
+                                   description="radix=auto runs full when a batch's compression N'/N is at most "
+                                               "this, else off.")
+    attention: Literal["auto", "torch", "flash", "triton"] = Field(
+        "auto", description="Attention backend; auto is flash-attn on CUDA in half precision when installed.")
+    max_batch_tokens: int = Field(16384, ge=1, description="Token budget of one engine batch.")
+    batch_wait_timeout_s: float = Field(0.01, ge=0.0, le=10.0,
+                                        description="Longest a request waits for its batch to fill.")
+    max_items_per_request: int = Field(1024, ge=1, description="Most items (documents, texts) in one request.")
+    max_tokens_per_item: int | None = Field(
+        None, ge=1, description="Most tokens of one templated item; default the model's maximum length.")
+    max_request_tokens: int = Field(
+        8192, ge=1, description="The ingress splits larger requests into sub-requests of at most this many "
+                                "tokens, all with the request's prefix key.")
+    api_keys_file: str | None = Field(
+        None, description="Path of a file with one API key per line; unset (with api_keys_env) disables auth.")
+    api_keys_env: str | None = Field(
+        None, description="Name of an environment variable holding comma-separated API keys (not the keys).")
+    max_ongoing_requests: int = Field(
+        256, ge=1, description="Requests one engine replica accepts at once; beyond it the replica refuses and "
+                               "the router tries the next one, so keep it above a full batch's request count.")
+    max_queued_requests: int | None = Field(
+        2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
+                                "error (Ray Serve's max_queued_requests); unset for no bound.")
+    engine_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved per engine replica; fractions fit several "
+                                                          "CPU replicas on a small machine.")
+    ingress_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved per ingress replica.")
+    engine_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
+                                             description="Engine replica count or autoscaling.")
+    ingress_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
+                                              description="Ingress (CPU) replica count or autoscaling.")
+    router: RouterSettings = Field(default_factory=RouterSettings, description="Prefix-affinity routing.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_from_env(cls, data: Any) -> Any:
+        override = os.environ.get(MODEL_ENV)
+        if override and isinstance(data, dict):
+            return {**data, "model": override}
+        if override and data is None:
+            return {"model": override}
+        return data
+
+    @field_validator("api_keys_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"api_keys_env must name an environment variable (letters, digits, _), got a value "
+                             f"of {len(name)} characters; put the keys in that variable, not in this file")
+        return name
+
+    @model_validator(mode="after")
+    def _limits_consistent(self) -> AppArgs:
+        if self.max_request_tokens > self.max_batch_tokens:
+            raise ValueError(f"max_request_tokens ({self.max_request_tokens}) must be <= max_batch_tokens "
+                             f"({self.max_batch_tokens}) so one sub-request fits one engine batch")
+        if self.max_tokens_per_item is not None and self.max_tokens_per_item > self.max_request_tokens:
+            raise ValueError(f"max_tokens_per_item ({self.max_tokens_per_item}) must be <= max_request_tokens "
+                             f"({self.max_request_tokens}): an item cannot be split across sub-requests")
+        return self
+
+    def resolved_accelerator(self, cluster_gpus: float) -> Literal["gpu", "cpu"]:
+        """gpu or cpu, given `ray.cluster_resources().get("GPU", 0)`; see `resolve_accelerator`."""
+        return resolve_accelerator(self.accelerator, cluster_gpus)
+
+    def engine_options(self, cluster_gpus: float) -> dict[str, Any]:
+        """`Deployment.options()` for the engine: replicas, routing, queue bounds, and the actor's resources."""
+        accelerator = self.resolved_accelerator(cluster_gpus)
+        return {
+            **self.engine_replicas.to_serve_options(),
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": -1 if self.max_queued_requests is None else self.max_queued_requests,
+            "request_router_config": self.router.to_request_router_config(),
+            "ray_actor_options": {"num_cpus": self.engine_cpus, "num_gpus": 1 if accelerator == "gpu" else 0},
+        }
+
+    def ingress_options(self) -> dict[str, Any]:
+        """`Deployment.options()` for the ingress (CPU only)."""
+        return {**self.ingress_replicas.to_serve_options(), "ray_actor_options": {"num_cpus": self.ingress_cpus}}
+
+
+def resolve_accelerator(accelerator: str, cluster_gpus: float) -> Literal["gpu", "cpu"]:
+    """auto -> gpu when the cluster has at least one GPU now, else cpu; gpu and cpu stay as asked.
+
+    An explicit gpu on a cluster without GPUs stays gpu: an autoscaling cluster (KubeRay) adds GPU nodes for
+    replicas that ask for one, and until then the replicas wait for resources.
+    """
+    if accelerator == "auto":
+        return "gpu" if cluster_gpus >= 1 else "cpu"
+    if accelerator not in ("gpu", "cpu"):
+        raise ValueError(f"accelerator must be auto, gpu or cpu, got {accelerator!r}")
+    return accelerator

@@ -1,0 +1,144 @@
+"""`PrefixAffinityRouter`: requests with one prefix key go to one engine replica, within bounded load.
+
+Selected per deployment with
+
+    RequestRouterConfig(request_router_class="deployments.router:PrefixAffinityRouter",
+                        request_router_kwargs={"load_factor": 1.25, "virtual_nodes": 128, "min_load_tokens": 8192})
+
+Contract with the caller (the ingress): the key and the work size travel as keyword arguments of the handle
+call, which Ray hands to the router in `PendingRequest.kwargs` and then to the replica method unchanged:
+
+    engine.score.remote(payload, prefix_key=key, num_tokens=n)
+
+so the engine's method takes them too (`async def score(self, payload, *, prefix_key, num_tokens)`). A call
+without `prefix_key` is ranked least-loaded first; without `num_tokens` it weighs one token.
+
+Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
+that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
+`max_ongoing_requests` is tried last, and Ray skips it if a fresh probe still finds it full. Every rank holds
+one replica, so Ray tries them strictly in order and backs off once the whole ranking has been refused. The
+router deliberately leaves out Ray's `FIFOMixin`: with it, a replica chosen for one request's key may be handed
+to an older request of another key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from deployments.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VIRTUAL_NODES, HashRing
+
+if TYPE_CHECKING:
+    from ray.serve.request_router import ReplicaResult
+
+logger = logging.getLogger("ray.serve")
+
+PREFIX_KEY_KWARG = "prefix_key"
+NUM_TOKENS_KWARG = "num_tokens"
+
+
+def request_key(kwargs: Mapping[str, Any]) -> str | None:
+    """The prefix key a handle call carries, or None when it carries none."""
+    key = kwargs.get(PREFIX_KEY_KWARG)
+    return key if isinstance(key, str) and key else None
+
+
+def request_weight(kwargs: Mapping[str, Any]) -> float:
+    """The work a handle call carries, in tokens (1 when the caller did not say)."""
+    n = kwargs.get(NUM_TOKENS_KWARG)
+    return float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else 1.0
+
+
+class PrefixAffinityRouter(RequestRouter):
+    """Consistent hashing with bounded loads over the deployment's replicas, keyed by the request's prefix key."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ring = HashRing(virtual_nodes=DEFAULT_VIRTUAL_NODES)
+        self._load_factor = DEFAULT_LOAD_FACTOR
+        self._min_load_tokens = 0.0
+        self._outstanding: dict[tuple[str, str], float] = {}  # (replica unique_id, internal request id) -> tokens
+        self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
+
+    def initialize_state(self, load_factor: float = DEFAULT_LOAD_FACTOR,
+                         virtual_nodes: int = DEFAULT_VIRTUAL_NODES, min_load_tokens: float = 0, **unknown):
+        """Takes `RequestRouterConfig.request_router_kwargs`."""
+        if unknown:
+            raise ValueError(f"PrefixAffinityRouter got unknown request_router_kwargs {sorted(unknown)}: "
+                             "it takes load_factor, virtual_nodes, min_load_tokens")
+        if not load_factor >= 1.0:
+            raise ValueError(f"load_factor must be >= 1.0, got {load_factor}")
+        if min_load_tokens < 0:
+            raise ValueError(f"min_load_tokens must be >= 0, got {min_load_tokens}")
+        self._ring = HashRing(self._ring.members, virtual_nodes=virtual_nodes)
+        self._load_factor = float(load_factor)
+        self._min_load_tokens = float(min_load_tokens)
+
+    @property
+    def loads(self) -> dict[str, float]:
+        """Outstanding tokens per replica (unique_id) as this router sees them."""
+        return dict(self._loads)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._sync_ring()
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._sync_ring()
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        """Ranks `[[preferred], [next], ...]`: ring order with bounded load, replicas known to be full last."""
+        if not candidate_replicas:
+            return []
+        if pending_request is None:
+            return [candidate_replicas]
+        # Back off between full passes over the ranking instead of re-probing at once.
+        pending_request.routing_context.should_backoff = True
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        key = request_key(pending_request.kwargs)
+        if key is not None:
+            order = self._ring.rank(key, self._loads, self._load_factor, request_weight(pending_request.kwargs),
+                                    self._min_load_tokens)
+        else:
+            order = self._ring.least_loaded(pending_request.metadata.internal_request_id, self._loads)
+        ranked = [by_id[i] for i in order if i in by_id]
+        on_ring = self._ring.members
+        ranked += [r for i, r in by_id.items() if i not in on_ring]  # not on the ring yet
+        open_ids = {r.replica_id for r in self.select_available_replicas(ranked)}
+        ranked.sort(key=lambda r: r.replica_id not in open_ids)  # stable: full replicas last, order kept
+        return [[r] for r in ranked]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: ReplicaResult) -> None:
+        """Count the request's tokens against the replica until `on_request_completed`."""
+        tokens = request_weight(pending_request.kwargs)
+        slot = (replica_id.unique_id, pending_request.metadata.internal_request_id)
+        self._outstanding[slot] = self._outstanding.get(slot, 0.0) + tokens
+        self._loads[replica_id.unique_id] = self._loads.get(replica_id.unique_id, 0.0) + tokens
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """Release the request's tokens; calls for requests never counted (a rejected attempt) are ignored."""
+        tokens = self._outstanding.pop((replica_id.unique_id, internal_request_id), None)
+        if tokens is None:
+            return
+        left = self._loads.get(replica_id.unique_id, 0.0) - tokens
+        if left > 0:
+            self._loads[replica_id.unique_id] = left
+        else:
+            self._loads.pop(replica_id.unique_id, None)
+
+    def _sync_ring(self) -> None:
+        """Make the ring hold exactly the routable replicas; forget the loads of replicas that left."""
+        current = {r.unique_id for r in self.curr_replicas}
+        if current != self._ring.members:
+            logger.info("PrefixAffinityRouter: ring %d -> %d replicas", len(self._ring), len(current))
+            self._ring.set_members(current)
+        for slot in [s for s in self._outstanding if s[0] not in current]:
+            del self._outstanding[slot]
+        for replica in [r for r in self._loads if r not in current]:
+            del self._loads[replica]

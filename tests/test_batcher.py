@@ -1,0 +1,221 @@
+"""Token-budget batching: budget, timeout, prefix grouping, oversize items, per-request results, failures,
+the queue bound, and the prepare/run pipeline (checked with events, not timings)."""
+
+import asyncio
+
+import pytest
+
+from deployments.batcher import QueueFullError, TokenBudgetBatcher
+
+
+def run(coro, timeout_s=10.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+class Recorder:
+    """`run_batch` that records each batch and answers `item.upper()` per item."""
+
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    async def __call__(self, items):
+        self.batches.append(list(items))
+        return [item.upper() for item in items]
+
+
+async def submit_all(batcher, requests):
+    """Submit `(item, tokens, key)` in order, all before the batcher's loop first runs; gather the results."""
+    tasks = [asyncio.create_task(batcher.submit(item, n, key)) for item, n, key in requests]
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_batches_close_at_the_token_budget():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=6, wait_timeout_s=5.0)
+        results = await submit_all(batcher, [(f"i{k}", 3, None) for k in range(4)])
+        assert results == ["I0", "I1", "I2", "I3"]
+        assert rec.batches == [["i0", "i1"], ["i2", "i3"]]  # each closed full, long before the 5 s timeout
+        await batcher.close()
+
+    run(main())
+
+
+def test_partial_batch_closes_after_the_timeout():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=1000, wait_timeout_s=0.05)
+        assert await batcher.submit("only", 5, "k") == "ONLY"
+        assert rec.batches == [["only"]]
+        (stats,) = batcher.stats.recent
+        assert stats.queue_s >= 0.045 and stats.num_tokens == 5 and stats.ok
+        await batcher.close()
+
+    run(main())
+
+
+def test_same_prefix_key_items_share_a_batch():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=6, wait_timeout_s=0.05)
+        requests = [("a1", 2, "A"), ("b1", 2, "B"), ("a2", 2, "A"), ("c1", 2, "C"), ("b2", 2, "B"), ("a3", 2, "A")]
+        results = await submit_all(batcher, requests)
+        assert results == ["A1", "B1", "A2", "C1", "B2", "A3"]  # each caller gets its own result
+        # the oldest item's group first, then groups in the order their oldest item arrived
+        assert rec.batches == [["a1", "a2", "a3"], ["b1", "b2", "c1"]]
+        assert [s.num_keys for s in batcher.stats.recent] == [1, 2]
+        await batcher.close()
+
+    run(main())
+
+
+def test_oversize_item_runs_alone():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=10, wait_timeout_s=0.05)
+        results = await submit_all(batcher, [("s1", 3, None), ("big", 25, None), ("s2", 3, None), ("big2", 30, None)])
+        assert results == ["S1", "BIG", "S2", "BIG2"]
+        # small items do not wait behind the big one; each big one runs alone once it is the oldest
+        assert rec.batches == [["s1", "s2"], ["big"], ["big2"]]
+        await batcher.close()
+
+    run(main())
+
+
+def test_a_failing_batch_fails_only_its_own_requests():
+    async def run_batch(items):
+        if "bad" in items:
+            raise RuntimeError("device error")
+        return [item.upper() for item in items]
+
+    async def main():
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=4, wait_timeout_s=0.05)
+        results = await submit_all(batcher, [("x", 2, "K"), ("bad", 2, "K"), ("y", 2, "L"), ("z", 2, "L")])
+        assert isinstance(results[0], RuntimeError) and isinstance(results[1], RuntimeError)
+        assert results[2:] == ["Y", "Z"]
+        assert await batcher.submit("later", 1) == "LATER"  # still serving
+        assert batcher.stats.num_failed_batches == 1 and batcher.stats.num_batches == 3
+        await batcher.close()
+
+    run(main())
+
+
+def test_prepare_failure_and_wrong_result_count_fail_that_batch():
+    async def prepare(items):
+        if "unindexable" in items:
+            raise ValueError("index build failed")
+        return items
+
+    async def run_batch(items):
+        return [] if "short" in items else [item.upper() for item in items]
+
+    async def main():
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=2, wait_timeout_s=0.05, prepare=prepare)
+        results = await submit_all(batcher, [("unindexable", 2, None), ("short", 2, None), ("ok", 2, None)])
+        assert isinstance(results[0], ValueError) and "index build failed" in str(results[0])
+        assert isinstance(results[1], ValueError) and "returned 0 results for a batch of 1" in str(results[1])
+        assert results[2] == "OK"
+        await batcher.close()
+
+    run(main())
+
+
+def test_next_batch_is_prepared_while_the_current_one_runs():
+    async def main():
+        prepared: list[list[str]] = []
+        batch_prepared = [asyncio.Event() for _ in range(3)]
+        running = asyncio.Event()
+        release = asyncio.Event()
+
+        async def prepare(items):
+            prepared.append(list(items))
+            batch_prepared[len(prepared) - 1].set()
+            return items
+
+        async def run_batch(items):
+            running.set()
+            await release.wait()
+            return items
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0, prepare=prepare)
+        first = asyncio.create_task(batcher.submit("k0", 1))
+        await running.wait()  # batch 0 is on the device, held there
+        second = asyncio.create_task(batcher.submit("k1", 1))
+        await batch_prepared[1].wait()  # batch 1 was built while batch 0 still runs
+        assert not first.done() and running.is_set()
+        third = asyncio.create_task(batcher.submit("k2", 1))
+        for _ in range(20):  # plenty of loop turns: batch 2 must not be built while batch 1 waits
+            await asyncio.sleep(0)
+        assert not batch_prepared[2].is_set() and batcher.queued_items == 1
+        release.set()
+        assert await asyncio.gather(first, second, third) == ["k0", "k1", "k2"]
+        assert prepared == [["k0"], ["k1"], ["k2"]]
+        assert batcher.stats.recent[1].wait_s > 0  # batch 1 waited for the device: its build was hidden
+        await batcher.close()
+
+    run(main())
+
+
+def test_queue_bound_raises_a_clear_error():
+    async def main():
+        release = asyncio.Event()
+
+        async def run_batch(items):
+            await release.wait()
+            return items
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0, max_queued_items=2,
+                                     max_queued_tokens=50)
+        with pytest.raises(QueueFullError, match="51 requested > max_queued_tokens=50"):
+            await batcher.submit("huge", 51)
+        tasks = [asyncio.create_task(batcher.submit(f"r{i}", 1)) for i in range(2)]
+        for _ in range(20):  # r0 runs (held), r1 is prepared and waits
+            await asyncio.sleep(0)
+        tasks += [asyncio.create_task(batcher.submit(f"q{i}", 1)) for i in range(2)]
+        await asyncio.sleep(0)
+        assert batcher.queued_items == 2
+        with pytest.raises(QueueFullError, match="2 requests waiting .max_queued_items=2"):
+            await batcher.submit("one-too-many", 1)
+        release.set()
+        assert await asyncio.gather(*tasks) == ["r0", "r1", "q0", "q1"]
+        await batcher.close()
+
+    run(main())
+
+
+def test_cancelled_request_leaves_the_queue():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=100, wait_timeout_s=5.0)
+        gone = asyncio.create_task(batcher.submit("gone", 7))
+        await asyncio.sleep(0)
+        assert batcher.queued_tokens == 7
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert batcher.queued_tokens == 0 and batcher.queued_items == 0
+        await batcher.close()
+        assert rec.batches == []
+
+    run(main())
+
+
+def test_close_fails_waiting_requests_and_rejects_new_ones():
+    async def main():
+        batcher = TokenBudgetBatcher(Recorder(), max_batch_tokens=100, wait_timeout_s=5.0)
+        waiting = asyncio.create_task(batcher.submit("w", 1))
+        await asyncio.sleep(0)
+        await batcher.close()
+        with pytest.raises(RuntimeError, match="closed before this request ran"):
+            await waiting
+        with pytest.raises(RuntimeError, match="batcher is closed"):
+            await batcher.submit("late", 1)
+
+    run(main())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        TokenBudgetBatcher(Recorder(), max_batch_tokens=0, wait_timeout_s=0.01)
+    with pytest.raises(ValueError, match="num_tokens must be >= 1"):
+        run(TokenBudgetBatcher(Recorder(), max_batch_tokens=8, wait_timeout_s=0.01).submit("x", 0))

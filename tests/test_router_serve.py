@@ -1,0 +1,225 @@
+"""PrefixAffinityRouter: ranking on fake replicas (no Ray cluster), then on a local Ray Serve (marked `serve`)."""
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+
+import pytest
+import ray
+from ray import serve
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest
+
+from deployments.hash_ring import HashRing
+from deployments.router import PrefixAffinityRouter
+
+DEPLOYMENT = DeploymentID(name="engine", app_name="radixserve")
+VNODES = 64
+ROUTER_KWARGS = {"load_factor": 1.25, "virtual_nodes": VNODES}
+
+
+class FakeReplica:
+    """The part of `RunningReplica` a router reads."""
+
+    def __init__(self, unique_id: str, max_ongoing_requests: int = 100):
+        self.replica_id = ReplicaID(unique_id, DEPLOYMENT)
+        self.max_ongoing_requests = max_ongoing_requests
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def make_router(replicas, **kwargs) -> PrefixAffinityRouter:
+    router = PrefixAffinityRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.UNKNOWN,
+                                  use_replica_queue_len_cache=True)
+    router.initialize_state(**{**ROUTER_KWARGS, **kwargs})
+    router.update_replicas(replicas)
+    return router
+
+
+def pending(key=None, num_tokens=None, request_id="r") -> PendingRequest:
+    kwargs = {k: v for k, v in (("prefix_key", key), ("num_tokens", num_tokens)) if v is not None}
+    return PendingRequest(args=["payload"], kwargs=kwargs,
+                          metadata=RequestMetadata(request_id=request_id, internal_request_id=request_id))
+
+
+async def ranked_ids(router, request) -> list[str]:
+    ranks = await router.choose_replicas(list(router.curr_replicas.values()), request)
+    assert all(len(rank) == 1 for rank in ranks)
+    return [rank[0].replica_id.unique_id for rank in ranks]
+
+
+def test_router_follows_the_ring_and_spills_when_overloaded():
+    async def main():
+        replicas = [FakeReplica(f"rep{i}") for i in range(3)]
+        router = make_router(replicas)
+        ring = HashRing([r.replica_id.unique_id for r in replicas], virtual_nodes=VNODES)
+        order = await ranked_ids(router, pending("query-7", 100))
+        assert order == ring.walk("query-7")
+        # the owner now holds 10 outstanding requests of this key: well over its bounded share
+        for i in range(10):
+            router.on_request_routed(pending("query-7", 100, f"q{i}"), ReplicaID(order[0], DEPLOYMENT), None)
+        assert router.loads == {order[0]: 1000.0}
+        assert (await ranked_ids(router, pending("query-7", 100)))[0] == order[1]
+        for i in range(10):
+            router.on_request_completed(ReplicaID(order[0], DEPLOYMENT), f"q{i}")
+        router.on_request_completed(ReplicaID(order[0], DEPLOYMENT), "never-routed")  # ignored
+        assert router.loads == {} and await ranked_ids(router, pending("query-7", 100)) == order
+
+    asyncio.run(main())
+
+
+def test_min_load_tokens_keeps_a_burst_together():
+    async def main():
+        router = make_router([FakeReplica(f"rep{i}") for i in range(3)], min_load_tokens=2000)
+        owner = (await ranked_ids(router, pending("k", 100)))[0]
+        for i in range(10):
+            router.on_request_routed(pending("k", 100, f"q{i}"), ReplicaID(owner, DEPLOYMENT), None)
+        assert (await ranked_ids(router, pending("k", 100)))[0] == owner
+
+    asyncio.run(main())
+
+
+def test_keyless_requests_go_least_loaded():
+    async def main():
+        router = make_router([FakeReplica(f"rep{i}") for i in range(3)])
+        router.on_request_routed(pending(None, 50, "a"), ReplicaID("rep0", DEPLOYMENT), None)
+        router.on_request_routed(pending(None, 20, "b"), ReplicaID("rep1", DEPLOYMENT), None)
+        assert await ranked_ids(router, pending(request_id="c")) == ["rep2", "rep1", "rep0"]
+        # without num_tokens a request weighs one token
+        router.on_request_routed(pending(None, None, "d"), ReplicaID("rep2", DEPLOYMENT), None)
+        assert router.loads["rep2"] == 1.0
+
+    asyncio.run(main())
+
+
+def test_full_replicas_are_ranked_last():
+    async def main():
+        router = make_router([FakeReplica(f"rep{i}", max_ongoing_requests=4) for i in range(3)])
+        order = await ranked_ids(router, pending("k"))
+        router.replica_queue_len_cache.update(ReplicaID(order[0], DEPLOYMENT), 4)
+        assert await ranked_ids(router, pending("k")) == order[1:] + order[:1]
+
+    asyncio.run(main())
+
+
+def test_removing_a_replica_moves_only_its_keys():
+    async def main():
+        replicas = [FakeReplica(f"rep{i}") for i in range(4)]
+        router = make_router(replicas)
+        keys = [f"key-{i}" for i in range(200)]
+        before = {k: (await ranked_ids(router, pending(k)))[0] for k in keys}
+        router.on_request_routed(pending("key-0", 10, "x"), replicas[3].replica_id, None)
+        router.update_replicas(replicas[:3])
+        after = {k: (await ranked_ids(router, pending(k)))[0] for k in keys}
+        assert all(after[k] == before[k] for k in keys if before[k] != "rep3")
+        assert "rep3" not in after.values() and "rep3" not in router.loads
+
+    asyncio.run(main())
+
+
+def test_unknown_router_kwargs_are_rejected():
+    with pytest.raises(ValueError, match=r"unknown request_router_kwargs \['load_factr'\]"):
+        make_router([], load_factr=2)
+
+
+# ---- on a local Ray Serve -------------------------------------------------------------------------------------
+
+KEYS = [f"model|rerank|query-{i}" for i in range(8)]
+PER_KEY = 20
+
+
+def affinity_app():
+    """Three replicas whose `score` answers with the replica it ran on, routed by PrefixAffinityRouter.
+
+    Defined in a function so cloudpickle ships it by value (replica workers cannot import the test module).
+    """
+
+    @serve.deployment(
+        name="engine", num_replicas=3, max_ongoing_requests=64, ray_actor_options={"num_cpus": 0},
+        request_router_config=RequestRouterConfig(
+            request_router_class="deployments.router:PrefixAffinityRouter",
+            # a burst of PER_KEY requests x 2 tokens stays under min_load_tokens, so it never spills
+            request_router_kwargs={**ROUTER_KWARGS, "min_load_tokens": 1000}))
+    class WhoAmI:
+        async def score(self, payload, *, prefix_key=None, num_tokens=1):
+            return serve.get_replica_context().replica_id.unique_id
+
+    return WhoAmI.bind()
+
+
+def replicas_per_key(handle) -> dict[str, Counter]:
+    """Send PER_KEY concurrent requests per key (keys one after another); count where each key's requests ran."""
+    seen = defaultdict(Counter)
+    for key in KEYS:
+        responses = [handle.score.remote({"n": i}, prefix_key=key, num_tokens=2) for i in range(PER_KEY)]
+        seen[key].update(r.result(timeout_s=30) for r in responses)
+    return seen
+
+
+@pytest.fixture
+def local_serve():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(proxy_location="Disabled")
+        yield
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def scale_engine(num_replicas: int) -> None:
+    """Set the replica count the way Serve's REST scale endpoint does (`external_scaler_enabled` apps).
+
+    Not a redeploy: `serve.run` gives every deployment a fresh random code version, so redeploying even the same
+    app with another `num_replicas` replaces all replicas; a scale request stops one and keeps the others.
+    """
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    ray.get(controller.update_deployment_replicas.remote(DeploymentID("engine", "affinity"), num_replicas),
+            timeout=30)
+
+
+def replica_ids() -> set[str]:
+    """Unique ids of the app's live replicas, from their actor names (`SERVE_REPLICA::affinity#engine#<id>`)."""
+    prefix = "SERVE_REPLICA::affinity#engine#"
+    return {a["name"][len(prefix):] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(prefix)}
+
+
+def wait_for_replicas(expected: int, timeout_s: float = 30.0) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ids = replica_ids()
+        if len(ids) == expected:
+            return ids
+        time.sleep(0.2)
+    raise AssertionError(f"expected {expected} replicas within {timeout_s}s, have {replica_ids()}")
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(120)
+def test_one_prefix_one_replica_and_scale_down_keeps_survivors(local_serve):
+    handle = serve.run(affinity_app(), name="affinity", route_prefix=None, external_scaler_enabled=True)
+    before = replicas_per_key(handle)
+    assert all(len(c) == 1 for c in before.values()), before  # every key stuck to one replica
+    owner = {k: next(iter(c)) for k, c in before.items()}
+    replicas = {r for c in before.values() for r in c}
+    assert len(replicas) >= 2, before  # eight keys do not all hash to one replica
+    # and that replica is the ring owner, as any other process would compute it
+    ring_replicas = replica_ids()
+    assert replicas <= ring_replicas and len(ring_replicas) == 3
+    assert all(HashRing(ring_replicas, virtual_nodes=VNODES).walk(k)[0] == owner[k] for k in KEYS)
+
+    scale_engine(2)
+    survivors = wait_for_replicas(expected=2)
+    assert survivors < ring_replicas, "scaling down restarted replicas instead of stopping one"
+    after = replicas_per_key(handle)  # the same handle: its router's ring followed the change
+    assert all(len(c) == 1 for c in after.values()), after
+    new_owner = {k: next(iter(c)) for k, c in after.items()}
+    assert all(new_owner[k] == owner[k] for k in KEYS if owner[k] in survivors)  # survivors keep their keys
+    assert all(new_owner[k] == HashRing(survivors, virtual_nodes=VNODES).walk(k)[0] for k in KEYS)
