@@ -2,5 +2,6 @@
 
 from radix_core.engine import Engine, ForwardResult
 from radix_core.index import RadixIndex, build_radix_index
+from radix_core.tasks import TaskConfig
 
-__all__ = ["Engine", "ForwardResult", "RadixIndex", "build_radix_index"]
+__all__ = ["Engine", "ForwardResult", "RadixIndex", "TaskConfig", "build_radix_index"]

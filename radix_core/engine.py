@@ -2,6 +2,9 @@
 
     engine = Engine.from_pretrained("Qwen/Qwen3-Reranker-0.6B")
     states = engine.hidden_states([[1, 2, 3], [1, 2, 4]])  # each (L_i, hidden), final-normed
+    ranked = engine.rerank("what is a radix tree", ["A trie ...", "Bread ..."]).results
+
+The text tasks (`rerank`, `embed`, `classify`, `score`) live in `radix_core.tasks`; the methods here delegate.
 
 Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on compact rows), "full"
 (attention in compact space too), "auto" (per batch: "full" when the compression `N'/N` is at most
@@ -10,16 +13,19 @@ Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from radix_core import tasks as text_tasks
 from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import make_backend
 from radix_core.forward import MODES, BatchPlan, plan_compact, plan_ragged, run_layers
 from radix_core.index import build_radix_index, flatten_sequences
+from radix_core.tasks import TaskConfig
+from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 
 RADIX_CHOICES = ("auto", *MODES)
 DEFAULT_RADIX_THRESHOLD = 0.9
@@ -57,7 +63,8 @@ class Engine:
     """Loads a Qwen3 / Qwen2 / Llama / Mistral checkpoint and scores ragged batches of token ids."""
 
     def __init__(self, arch: Architecture, device: torch.device, dtype: torch.dtype, radix: str,
-                 radix_threshold: float, attention: str, model: str = ""):
+                 radix_threshold: float, attention: str, model: str = "", prompts: PromptTokenizer | None = None,
+                 task_config: TaskConfig | None = None):
         if radix not in RADIX_CHOICES:
             raise ValueError(f"unknown radix mode {radix!r}: choose one of {', '.join(RADIX_CHOICES)}")
         if not 0.0 <= radix_threshold <= 1.0:
@@ -69,16 +76,22 @@ class Engine:
         self.radix_threshold = radix_threshold
         self.backend = make_backend(attention, device, dtype)
         self.model = model
+        self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one
+        self.task_config = task_config or TaskConfig()
 
     @classmethod
     def from_pretrained(cls, model: str, device="auto", dtype="auto", radix: str = "auto",
-                        radix_threshold: float = DEFAULT_RADIX_THRESHOLD, attention: str = "auto") -> Engine:
-        """Load `model` (local directory or hub id). `device` "auto" picks CUDA when present; `dtype` "auto" is
-        bfloat16 on CUDA and float32 on the CPU (a torch dtype or its name, e.g. "float32", also works)."""
+                        radix_threshold: float = DEFAULT_RADIX_THRESHOLD, attention: str = "auto",
+                        tasks: TaskConfig | Mapping | None = None) -> Engine:
+        """Load `model` (local directory or hub id) and its tokenizer. `device` "auto" picks CUDA when present;
+        `dtype` "auto" is bfloat16 on CUDA and float32 on the CPU (a torch dtype or its name, e.g. "float32",
+        also works). `tasks`: limits and template overrides for the text tasks, a `TaskConfig` or its dict."""
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         arch = load_architecture(model, device, dtype)
-        return cls(arch, device, dtype, radix, radix_threshold, attention, model=model)
+        task_config = TaskConfig.from_dict(tasks) if isinstance(tasks, Mapping) else tasks
+        return cls(arch, device, dtype, radix, radix_threshold, attention, model=model,
+                   prompts=load_prompt_tokenizer(model), task_config=task_config)
 
     @property
     def info(self) -> dict:
@@ -137,6 +150,27 @@ class Engine:
         unique, inverse = torch.cat(rows).unique(return_inverse=True)  # (U,), (sum P_i,)
         out = self.arch.head_module(result.hidden.index_select(0, unique)).float()  # (U, out)
         return list(out.index_select(0, inverse).split([len(r) for r in rows]))
+
+    def rerank(self, query: str, documents: Sequence[str], instruction: str | None = None, top_n: int | None = None,
+               return_documents: bool = False, raw_scores: bool = False,
+               truncate: bool = True) -> text_tasks.RerankResult:
+        """`documents` by relevance to `query`, best first (`radix_core.tasks.rerank`)."""
+        return text_tasks.rerank(self, query, documents, instruction, top_n, return_documents, raw_scores, truncate)
+
+    def embed(self, texts: Sequence[str], instruction: str | None = None, normalize: bool = True,
+              dimensions: int | None = None, truncate: bool = True,
+              pooling: str = "last") -> text_tasks.EmbedResult:
+        """(n, d) embeddings of `texts` (`radix_core.tasks.embed`)."""
+        return text_tasks.embed(self, texts, instruction, normalize, dimensions, truncate, pooling)
+
+    def classify(self, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
+                 template: str | Callable[[str], str] | None = None) -> text_tasks.ClassifyResult:
+        """Per input a probability over `labels` after `prefix + template(input)` (`radix_core.tasks.scoring`)."""
+        return text_tasks.classify(self, inputs, labels, prefix, template)
+
+    def score(self, context: str, continuations: Sequence[str]) -> text_tasks.ScoreResult:
+        """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring`)."""
+        return text_tasks.score(self, context, continuations)
 
     def _plan(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> BatchPlan:
         if mode == "off":

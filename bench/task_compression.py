@@ -1,0 +1,131 @@
+"""Compression N'/N of the MS MARCO-shaped rerank batch with the real Qwen3-Reranker prompt (DESIGN.md section 4).
+
+One 64-sequence batch: 8 queries x 8 passages, each sequence the Qwen3-Reranker prompt (system prompt, default
+instruction, query, passage, assistant suffix) tokenized by `radix_core.tokenization` with the tiny byte-level BPE
+tokenizer. Queries are search queries from `radix_core/data/tiny_corpus.txt`; passages are corpus sentences
+joined to a drawn length of 40-120 tokens. `N` counts the batch's tokens and `N'` the compact tokens of its radix
+index; the same figures come back as `usage` from `Engine.rerank` on a tiny Qwen3 model (checked here).
+
+    python bench/task_compression.py [--seed 0] [--out bench/results/task_compression.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from radix_core.engine import Engine
+from radix_core.index import build_radix_index, flatten_sequences
+from radix_core.tasks.rerank import encode_rerank
+from radix_core.templates import QWEN3_RERANKER
+from radix_core.tiny_models import CORPUS_PATH, make_tiny_model
+from radix_core.tokenization import PromptTokenizer
+
+NUM_QUERIES, PASSAGES_PER_QUERY = 8, 8
+PASSAGE_TOKENS = (40, 120)
+
+
+@dataclass
+class Request:
+    query: str
+    passages: list[str]
+
+
+def corpus_text() -> tuple[list[str], list[str]]:
+    """(search queries, sentences): the corpus's first block of short query lines, and its prose split into
+    sentences."""
+    blocks = [b for b in CORPUS_PATH.read_text(encoding="utf-8").split("\n\n") if not b.startswith("#")]
+    queries = blocks[0].splitlines()
+    prose = [line for b in blocks[1:] for line in b.splitlines() if len(line.split()) >= 12]
+    sentences = [s for line in prose for s in re.split(r"(?<=[.!?])\s+", line) if len(s.split()) >= 4]
+    return queries, sentences
+
+
+def passage(prompts: PromptTokenizer, sentences: list[str], rng: np.random.Generator) -> str:
+    """Random sentences joined until the drawn token length is reached, cut back to it word by word."""
+    target = int(rng.integers(PASSAGE_TOKENS[0], PASSAGE_TOKENS[1] + 1))
+    words: list[str] = []
+    while len(prompts.encode(" ".join(words))) < target:
+        words += sentences[int(rng.integers(len(sentences)))].split()
+    while len(prompts.encode(" ".join(words))) > target:
+        words.pop()
+    return " ".join(words)
+
+
+def msmarco_requests(prompts: PromptTokenizer, seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    queries, sentences = corpus_text()
+    picked = rng.choice(len(queries), NUM_QUERIES, replace=False)
+    return [Request(queries[q], [passage(prompts, sentences, rng) for _ in range(PASSAGES_PER_QUERY)]) for q in picked]
+
+
+def measure(engine: Engine, requests: list[Request]) -> dict:
+    """N and N' of the whole 64-sequence batch (from its radix index and from the engine's forward), of the 8
+    requests reranked one by one, and the mean tokens of each prompt part."""
+    encoded = [encode_rerank(engine, QWEN3_RERANKER, r.query, r.passages, None, truncate=False) for r in requests]
+    batch = [seq for e in encoded for seq in e.sequences]
+    index = build_radix_index(*flatten_sequences(batch))
+    forward = engine.forward(batch, mode="full")
+    assert (forward.num_tokens, forward.num_computed) == (index.num_tokens, index.num_compact)
+    per_request = [engine.rerank(r.query, r.passages).usage for r in requests]
+    common = len(os.path.commonprefix(batch))  # tokens every sequence shares: system prompt and instruction
+    suffix = len(engine.prompts.encode(QWEN3_RERANKER.suffix))
+    return {
+        "n": index.num_tokens,
+        "n_compact": index.num_compact,
+        "request_n": sum(u.input_tokens for u in per_request),
+        "request_compact": sum(u.computed_tokens for u in per_request),
+        "common": common,
+        "query": float(np.mean([len(e.shared_ids) - common for e in encoded])),
+        "passage": float(np.mean([len(s) - len(e.shared_ids) - suffix for e in encoded for s in e.sequences])),
+        "suffix": suffix,
+    }
+
+
+def report(m: dict, seed: int) -> str:
+    ratio, request_ratio = m["n_compact"] / m["n"], m["request_compact"] / m["request_n"]
+    return "\n".join([
+        "# Task compression: MS MARCO-shaped rerank batch",
+        "",
+        f"Command: `python bench/task_compression.py --seed {seed}`",
+        "",
+        "64 sequences (8 queries x 8 passages of 40-120 tokens) in the real Qwen3-Reranker prompt, tokenized by",
+        "`radix_core.tokenization` with the tiny byte-level BPE tokenizer; N'/N from the batch's radix index, equal",
+        "to `num_computed / num_tokens` of `Engine.forward` in mode `full`.",
+        "",
+        "| batch | N | N' | N'/N | N/N' |",
+        "|---|---|---|---|---|",
+        f"| one batch of 64 sequences | {m['n']} | {m['n_compact']} | {ratio:.3f} | {1 / ratio:.2f}x |",
+        f"| 8 rerank calls of 8 passages | {m['request_n']} | {m['request_compact']} | {request_ratio:.3f} | "
+        f"{1 / request_ratio:.2f}x |",
+        "",
+        f"Mean tokens per sequence: {m['common']} shared by all 64 (system prompt, instruction, `<Query>:`), "
+        f"{m['query']:.1f} shared by a query's 8 passages (the query, its newline), {m['passage']:.1f} per passage "
+        f"(`<Document>: ` and the passage, tokenized together), {m['suffix']} suffix (identical ids, but after the "
+        f"passage, so computed per sequence).",
+        "",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "task_compression.md")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine.from_pretrained(str(make_tiny_model(Path(tmp) / "qwen3", "qwen3", "causal_lm")),
+                                        device="cpu", radix="full")
+        text = report(measure(engine, msmarco_requests(engine.prompts, args.seed)), args.seed)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

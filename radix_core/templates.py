@@ -1,0 +1,209 @@
+"""Prompt templates for the scoring tasks, as (shared prefix, varying part, suffix), in a registry by model type.
+
+Every request renders to `PromptParts`: the text all its sequences share (`shared`: system prompt, instruction,
+query), one varying text per item (`varying[i]`: a document or a text) and a suffix. The full prompt of item i
+is `shared + varying[i] + suffix`. `shared` is what the Ray Serve ingress hashes into a routing key:
+
+    template = resolve_template("rerank", "qwen3", "causal_lm")
+    key_text = template.shared_prefix(query, instruction)         # the text
+    key_ids = prompt_tokenizer.routing_prefix_ids(template, query, instruction)  # the ids, identical per sequence
+
+Defaults (`DEFAULT_TEMPLATES`, keyed by (task, model_type, head) with "*" as a wildcard):
+
+* rerank, qwen3 causal-LM: the Qwen3-Reranker prompt; the score is P(yes) from the `no`/`yes` logits.
+* rerank, qwen3 seq-cls: the same prompt, scored by the score head (seq-cls conversions of Qwen3-Reranker keep it).
+* rerank, any other seq-cls: `CrossEncoderPair`, the tokenizer's own pair encoding `tokenizer(query, document)`,
+  exactly what a cross-encoder (sentence-transformers `CrossEncoder`, a text-classification pipeline with
+  `text_pair`) feeds the model: `[CLS] q [SEP] d [SEP]` for BERT-style tokenizers, the plain concatenation of the
+  two encodings for Qwen/Llama tokenizers, which define no pair template. No instruction.
+* embed, qwen3: Qwen3-Embedding, `Instruct: {instruction}\\nQuery:{text}` for queries (given an instruction),
+  plain text otherwise, then `<|endoftext|>` (the token the Qwen3-Embedding tokenizer appends).
+* embed, any other model: plain text; an instruction needs a template from config.
+
+Anything else, e.g. rerank with a Llama causal LM, fails with `TemplateNotFound`, which says how to pass one:
+`TaskConfig(templates={"rerank": RerankTemplate(...)})`, or a dict of its fields (`template_from_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+
+TASKS = ("rerank", "embed")
+WILDCARD = "*"
+_MARK = "\x00radixserve-varying\x00"  # stands in for the varying field while the rest of a template renders
+
+
+def _split_at(template: str, field: str, **values: str) -> tuple[str, str]:
+    """Render `template` with `values` and return the text before and after `{field}`."""
+    try:
+        rendered = template.format(**values, **{field: _MARK})
+    except (KeyError, IndexError) as err:
+        allowed = ", ".join("{" + name + "}" for name in (field, *values))
+        raise ValueError(f"template {template!r} uses an unknown field {err}: it may use {allowed} "
+                         f"(write literal braces as {{{{ and }}}})") from err
+    if rendered.count(_MARK) != 1:
+        raise ValueError(f"the text substituted into template {template!r} must not contain its internal marker")
+    head, tail = rendered.split(_MARK)
+    return head, tail
+
+
+def _check_field_once(what: str, template: str, field: str) -> None:
+    """A template must contain its varying field exactly once (write literal braces as {{ and }})."""
+    count = template.count("{" + field + "}") - template.count("{{" + field + "}}")
+    if count != 1:
+        raise ValueError(f"the {what} must contain {{{field}}} exactly once, got {count} in {template!r}")
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    """One request as text: item i's prompt is `shared + varying[i] + suffix`."""
+
+    shared: str
+    varying: list[str]
+    suffix: str
+
+
+@dataclass(frozen=True)
+class RerankTemplate:
+    """A reranker prompt `prefix + body + suffix`: `prefix` and `suffix` are literal text, `body` a format string
+    holding `{document}` once, and may use `{query}` and `{instruction}` (None takes `default_instruction`).
+    Causal-LM rerankers are scored by the logits of `yes_token` vs `no_token` after the suffix."""
+
+    prefix: str
+    body: str
+    suffix: str
+    default_instruction: str = ""
+    yes_token: str = "yes"
+    no_token: str = "no"
+
+    def __post_init__(self) -> None:
+        _check_field_once("rerank body", self.body, "document")
+
+    def parts(self, query: str, documents: Sequence[str], instruction: str | None = None) -> PromptParts:
+        head, tail = _split_at(self.body, "document", query=query, instruction=self._instruction(instruction))
+        return PromptParts(self.prefix + head, list(documents), tail + self.suffix)
+
+    def shared_prefix(self, query: str, instruction: str | None = None) -> str:
+        """The text every document's prompt starts with: the routing key's source."""
+        return self.parts(query, [], instruction).shared
+
+    def _instruction(self, instruction: str | None) -> str:
+        return self.default_instruction if instruction is None else instruction
+
+
+@dataclass(frozen=True)
+class CrossEncoderPair:
+    """Query and document as the tokenizer's own text pair, `tokenizer(query, document)`; no instruction."""
+
+    def shared_prefix(self, query: str, instruction: str | None = None) -> str:
+        """The query: its ids (with the pair's special tokens) start every sequence."""
+        if instruction is not None:
+            raise ValueError("this model's rerank format (a plain query/document pair) takes no instruction; "
+                             "drop `instruction` or configure a RerankTemplate whose body uses {instruction}")
+        return query
+
+
+@dataclass(frozen=True)
+class EmbedTemplate:
+    """Texts to embed: `query` (with `{instruction}` and `{text}`) when an instruction is given, the plain text
+    otherwise; then `end_token`, unless the tokenizer appends end tokens of its own. `query=None`: the model has
+    no instruction format."""
+
+    query: str | None = None
+    end_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.query is not None:
+            _check_field_once("embed query template", self.query, "text")
+
+    def parts(self, texts: Sequence[str], instruction: str | None = None) -> PromptParts:
+        if instruction is None:
+            return PromptParts("", list(texts), "")
+        if self.query is None:
+            raise TemplateNotFound(
+                "this model has no instruction format for embeddings: embed without `instruction`, or configure "
+                'TaskConfig(templates={"embed": EmbedTemplate(query="Instruct: {instruction}\\nQuery:{text}")})'
+            )
+        head, tail = _split_at(self.query, "text", instruction=instruction)
+        return PromptParts(head, list(texts), tail)
+
+    def shared_prefix(self, instruction: str | None = None) -> str:
+        """The text every text's prompt starts with (empty without an instruction)."""
+        return self.parts([], instruction).shared
+
+
+Template = RerankTemplate | CrossEncoderPair | EmbedTemplate
+
+QWEN3_RERANKER = RerankTemplate(
+    prefix=(
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+        'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    ),
+    body="<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
+    suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    default_instruction="Given a web search query, retrieve relevant passages that answer the query",
+)
+QWEN3_EMBEDDING = EmbedTemplate(query="Instruct: {instruction}\nQuery:{text}", end_token="<|endoftext|>")
+PLAIN_EMBEDDING = EmbedTemplate()
+
+DEFAULT_TEMPLATES: dict[tuple[str, str, str], Template] = {
+    ("rerank", "qwen3", "causal_lm"): QWEN3_RERANKER,
+    ("rerank", "qwen3", "seq_cls"): QWEN3_RERANKER,
+    ("rerank", WILDCARD, "seq_cls"): CrossEncoderPair(),
+    ("embed", "qwen3", WILDCARD): QWEN3_EMBEDDING,
+    ("embed", WILDCARD, WILDCARD): PLAIN_EMBEDDING,
+}
+_TEMPLATE_TYPES = {"rerank": (RerankTemplate, CrossEncoderPair), "embed": (EmbedTemplate,)}
+
+
+class TemplateNotFound(ValueError):
+    """No prompt template for this task and model; the message says how to configure one."""
+
+
+def resolve_template(task: str, model_type: str, head: str,
+                     overrides: Mapping[str, Template] | None = None) -> Template:
+    """The configured template for `task`, else the most specific default for (model_type, head)."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} for templates: choose one of {', '.join(TASKS)}")
+    if overrides and task in overrides:
+        return overrides[task]
+    for key in ((task, model_type, head), (task, model_type, WILDCARD), (task, WILDCARD, head),
+                (task, WILDCARD, WILDCARD)):
+        if key in DEFAULT_TEMPLATES:
+            return DEFAULT_TEMPLATES[key]
+    raise TemplateNotFound(
+        f"no {task} prompt template is known for {model_type} {head} models. Pass one in the engine config: "
+        f'TaskConfig(templates={{"{task}": RerankTemplate(prefix=..., body="...{{query}}...{{document}}", '
+        f"suffix=...)}}) (as a dict in YAML: templates: {{{task}: {{prefix: ..., body: ..., suffix: ...}}}})"
+    )
+
+
+def template_from_dict(task: str, value: Template | Mapping) -> Template:
+    """A template from config: an instance, or a dict of its fields (`{"kind": "pair"}` for `CrossEncoderPair`)."""
+    if task not in _TEMPLATE_TYPES:
+        raise ValueError(f"templates can be configured for {', '.join(TASKS)}, not {task!r}")
+    if isinstance(value, _TEMPLATE_TYPES[task]):
+        return value
+    if not isinstance(value, Mapping):
+        kinds = " or ".join(t.__name__ for t in _TEMPLATE_TYPES[task])
+        raise ValueError(f"the {task} template must be a {kinds} or a dict of fields, got {type(value).__name__}")
+    if task == "rerank" and value.get("kind") == "pair":
+        return CrossEncoderPair()
+    cls = RerankTemplate if task == "rerank" else EmbedTemplate
+    allowed = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ValueError(f"unknown {task} template fields {unknown}: allowed are {sorted(allowed)}")
+    return cls(**value)
+
+
+def classify_parts(prefix: str, template: str | Callable[[str], str] | None, inputs: Sequence[str]) -> PromptParts:
+    """Classification prompts `prefix + template(input)`. A format string (`"Review: {input}\\nSentiment:"`) puts
+    its text before `{input}` into the shared part; a callable's output is all varying."""
+    if template is None or callable(template):
+        render = template or (lambda text: text)
+        return PromptParts(prefix, [render(text) for text in inputs], "")
+    _check_field_once("classify template", template, "input")
+    head, tail = _split_at(template, "input")
+    return PromptParts(prefix + head, list(inputs), tail)
