@@ -22,12 +22,11 @@ import torch
 from radix_core import tasks as text_tasks
 from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import make_backend
-from radix_core.forward import MODES, BatchPlan, plan_compact, plan_ragged, run_layers
-from radix_core.index import build_radix_index, flatten_sequences
+from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
+from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
 from radix_core.tasks import TaskConfig
 from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 
-RADIX_CHOICES = ("auto", *MODES)
 DEFAULT_RADIX_THRESHOLD = 0.9
 
 
@@ -107,16 +106,26 @@ class Engine:
             "max_seq_len": self.arch.max_seq_len,
         }
 
+    @property
+    def limits(self) -> BatchLimits:
+        return BatchLimits(self.arch.vocab_size, self.arch.max_seq_len, self.radix_threshold)
+
+    def prepare(self, sequences: Sequence[Sequence[int]], mode: str | None = None) -> PreparedBatch:
+        """The CPU half of a forward: check, index and choose the mode (`radix_core.batch.prepare_batch`)."""
+        return prepare_batch(sequences, self.radix if mode is None else mode, self.limits)
+
     @torch.inference_mode()
+    def run(self, prepared: PreparedBatch) -> ForwardResult:
+        """The device half: lay the prepared batch out on the device and run the layers."""
+        if prepared.mode == "off":
+            plan = plan_ragged(prepared.input_ids, prepared.cu_seqlens, self.device)
+        else:
+            plan = plan_compact(prepared.index, prepared.mode, self.device)
+        return ForwardResult(plan, run_layers(self.arch, plan, self.backend))
+
     def forward(self, sequences: Sequence[Sequence[int]], mode: str | None = None) -> ForwardResult:
         """Run a batch of token-id lists; `mode` overrides the engine's radix mode for this call."""
-        mode = self.radix if mode is None else mode
-        if mode not in RADIX_CHOICES:
-            raise ValueError(f"unknown radix mode {mode!r}: choose one of {', '.join(RADIX_CHOICES)}")
-        input_ids, cu_seqlens = flatten_sequences(sequences)
-        self._check_batch(input_ids, cu_seqlens)
-        plan = self._plan(input_ids, cu_seqlens, mode)
-        return ForwardResult(plan, run_layers(self.arch, plan, self.backend))
+        return self.run(self.prepare(sequences, mode))
 
     def hidden_states(self, sequences, mode: str | None = None) -> list[torch.Tensor]:
         """Per sequence its final-normed hidden states `(L_i, hidden)`."""
@@ -171,29 +180,6 @@ class Engine:
     def score(self, context: str, continuations: Sequence[str]) -> text_tasks.ScoreResult:
         """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring`)."""
         return text_tasks.score(self, context, continuations)
-
-    def _plan(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, mode: str) -> BatchPlan:
-        if mode == "off":
-            return plan_ragged(input_ids, cu_seqlens, self.device)
-        index = build_radix_index(input_ids, cu_seqlens)
-        if mode == "auto":
-            if index.compression > self.radix_threshold:
-                return plan_ragged(input_ids, cu_seqlens, self.device)
-            mode = "full"
-        return plan_compact(index, mode, self.device)
-
-    def _check_batch(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> None:
-        """Token ids inside the vocabulary and lengths within the model's limit, else a ValueError saying which."""
-        bad = np.flatnonzero((input_ids < 0) | (input_ids >= self.arch.vocab_size))
-        if bad.size:
-            seq = int(np.searchsorted(cu_seqlens, bad[0], side="right") - 1)
-            raise ValueError(f"sequence {seq} has token id {int(input_ids[bad[0]])} outside the vocabulary "
-                             f"[0, {self.arch.vocab_size})")
-        lengths = np.diff(cu_seqlens)
-        too_long = np.flatnonzero(lengths > self.arch.max_seq_len)
-        if too_long.size:
-            s = int(too_long[0])
-            raise ValueError(f"sequence {s} has {int(lengths[s])} tokens; the limit is {self.arch.max_seq_len}")
 
 
 def resolve_device(device) -> torch.device:

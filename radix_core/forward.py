@@ -16,8 +16,6 @@ from radix_core.architectures import Architecture
 from radix_core.attention import AttentionBackend, AttentionMetadata
 from radix_core.index import RadixIndex
 
-MODES = ("off", "mlp", "full")
-
 
 @dataclass
 class BatchPlan:
