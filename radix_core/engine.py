@@ -24,7 +24,7 @@ from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import make_backend
 from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
 from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
-from radix_core.tasks import TaskConfig
+from radix_core.tasks import BatchView, TaskConfig, TaskContext, encode_task, run_jobs
 from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 
 DEFAULT_RADIX_THRESHOLD = 0.9
@@ -47,11 +47,12 @@ class ForwardResult:
         """Rows actually computed position-wise after deduplication."""
         return self.plan.num_rows
 
-    def rows_at(self, sequence_positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Per sequence, the (int64) computed rows holding the given positions (negative counts from the end)."""
+    def rows_at(self, sequence_positions: Sequence[Sequence[int]], first: int = 0) -> list[torch.Tensor]:
+        """Per sequence `first + i`, the (int64) computed rows holding `sequence_positions[i]` (negative counts
+        from the end)."""
         cu = self.plan.cu_seqlens
         rows = []
-        for s, positions in enumerate(sequence_positions):
+        for s, positions in enumerate(sequence_positions, start=first):
             length = int(cu[s + 1] - cu[s])
             pos = torch.as_tensor(positions, dtype=torch.int64).remainder(length)  # (P,)
             rows.append(self.plan.row_of_token[pos.to(self.hidden.device) + int(cu[s])])
@@ -107,6 +108,12 @@ class Engine:
         }
 
     @property
+    def context(self) -> TaskContext:
+        """What the CPU half of the text tasks reads (`radix_core.tasks.encode_task`), picklable, no weights."""
+        return TaskContext(self.model, self.arch.family, self.arch.head, self.arch.hidden_size, self.arch.max_seq_len,
+                           self.prompts, self.task_config)
+
+    @property
     def limits(self) -> BatchLimits:
         return BatchLimits(self.arch.vocab_size, self.arch.max_seq_len, self.radix_threshold)
 
@@ -151,8 +158,9 @@ class Engine:
         return torch.cat(self.head_at(result, [[-1]] * len(sequences)))
 
     @torch.inference_mode()
-    def head_at(self, result: ForwardResult, positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Per sequence `(P_i, out)` head outputs at `positions[i]`; the head runs on distinct rows only."""
+    def head_at(self, result: ForwardResult | BatchView, positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Per sequence `(P_i, out)` head outputs at `positions[i]` (of a batch, or of one job's view of it); the
+        head runs on distinct rows only."""
         if self.arch.head_module is None:
             raise ValueError(f"model {self.model!r} is a base model without an LM or score head")
         rows = result.rows_at(positions)
@@ -164,22 +172,28 @@ class Engine:
                return_documents: bool = False, raw_scores: bool = False,
                truncate: bool = True) -> text_tasks.RerankResult:
         """`documents` by relevance to `query`, best first (`radix_core.tasks.rerank`)."""
-        return text_tasks.rerank(self, query, documents, instruction, top_n, return_documents, raw_scores, truncate)
+        return self._run_task("rerank", query=query, documents=documents, instruction=instruction, top_n=top_n,
+                              return_documents=return_documents, raw_scores=raw_scores, truncate=truncate)
 
     def embed(self, texts: Sequence[str], instruction: str | None = None, normalize: bool = True,
               dimensions: int | None = None, truncate: bool = True,
               pooling: str = "last") -> text_tasks.EmbedResult:
         """(n, d) embeddings of `texts` (`radix_core.tasks.embed`)."""
-        return text_tasks.embed(self, texts, instruction, normalize, dimensions, truncate, pooling)
+        return self._run_task("embed", texts=texts, instruction=instruction, normalize=normalize,
+                              dimensions=dimensions, truncate=truncate, pooling=pooling)
 
     def classify(self, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
                  template: str | Callable[[str], str] | None = None) -> text_tasks.ClassifyResult:
         """Per input a probability over `labels` after `prefix + template(input)` (`radix_core.tasks.scoring`)."""
-        return text_tasks.classify(self, inputs, labels, prefix, template)
+        return self._run_task("classify", inputs=inputs, labels=labels, prefix=prefix, template=template)
 
     def score(self, context: str, continuations: Sequence[str]) -> text_tasks.ScoreResult:
         """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring`)."""
-        return text_tasks.score(self, context, continuations)
+        return self._run_task("score", context=context, continuations=continuations)
+
+    def _run_task(self, task: str, **request):
+        """One request of `task` as a batch of its own."""
+        return run_jobs(self, [encode_task(self.context, task, request)])[0]
 
 
 def resolve_device(device) -> torch.device:

@@ -26,6 +26,7 @@ class BatchPlan:
     row_positions: torch.Tensor  # (R,) int64 position id of each computed row
     row_of_token: torch.Tensor  # (N,) int64 computed row of each original token
     cu_seqlens: np.ndarray  # (B+1,) int64 original sequence boundaries
+    cu_rows: np.ndarray  # (B+1,) int64 boundaries of the rows each sequence computes first (rows are in that order)
     attention: AttentionMetadata
 
     @property
@@ -49,6 +50,7 @@ def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.dev
         row_positions=_long(positions, device),
         row_of_token=torch.arange(int(cu_seqlens[-1]), device=device),
         cu_seqlens=cu_seqlens,
+        cu_rows=cu_seqlens,
         attention=AttentionMetadata(cu, cu, max_len, max_len),
     )
 
@@ -69,6 +71,7 @@ def plan_compact(index: RadixIndex, mode: str, device: torch.device) -> BatchPla
         row_positions=_long(index.compact_position_ids, device),
         row_of_token=scatter,
         cu_seqlens=index.cu_seqlens.astype(np.int64),
+        cu_rows=index.cu_seqlens_q.astype(np.int64),  # the added blocks: searchsorted(fold_gather, cu_seqlens)
         attention=attention,
     )
 

@@ -67,7 +67,7 @@ def test_routing_prefix_ids_start_every_sequence(engine):
         e = engine(family, head)
         template = resolve_template("rerank", family, head)
         key = e.prompts.routing_prefix_ids(template, "my query")
-        batch = encode_rerank(e, template, "my query", ["a", " b", "\nc"], None, truncate=False)
+        batch = encode_rerank(e.context, template, "my query", ["a", " b", "\nc"], None, truncate=False)
         assert key == batch.shared_ids and all(seq[:len(key)] == key for seq in batch.sequences)
     ids = engine().prompts.routing_prefix_ids(QWEN3_EMBEDDING, instruction="Find it")
     assert ids == engine().prompts.encode("Instruct: Find it\n")  # "Query:" joins each text: ":" may glue to it

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from radix_core.tasks.common import Usage, check_items, prompt_tokenizer, template_for, token_limit
+from radix_core.tasks.common import TaskContext, TaskJob, Usage, check_items
 from radix_core.templates import EmbedTemplate
 
 if TYPE_CHECKING:
-    from radix_core.engine import Engine, ForwardResult
+    from radix_core.engine import Engine
+    from radix_core.tasks.jobs import BatchView
 
 POOLINGS = ("last", "mean")
 
@@ -32,30 +33,43 @@ class EmbedResult:
     usage: Usage
 
 
-def embed(engine: Engine, texts: Sequence[str], instruction: str | None = None, normalize: bool = True,
-          dimensions: int | None = None, truncate: bool = True, pooling: str = "last") -> EmbedResult:
+@dataclass(frozen=True)
+class EmbedJob(TaskJob):
+    """One sequence per text, and how to pool, cut and normalise its states."""
+
+    task = "embed"
+    pooling: str
+    dimensions: int | None
+    normalize: bool
+
+    def finish(self, engine: Engine, view: BatchView) -> EmbedResult:
+        vectors = _pool(view, self.pooling)[:, :self.dimensions]  # (n, d)
+        if self.normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        return EmbedResult(vectors.cpu().numpy(), view.usage)
+
+
+def embed_job(task_context: TaskContext, /, texts: Sequence[str], instruction: str | None = None,
+              normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
+              pooling: str = "last") -> EmbedJob:
     """Embed `texts`; see the module docstring."""
-    check_items("texts", texts, engine.task_config.max_items)
+    check_items("texts", texts, task_context.config.max_items)
     if pooling not in POOLINGS:
         raise ValueError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
-    hidden_size = engine.arch.hidden_size
+    hidden_size = task_context.hidden_size
     if dimensions is not None and not 1 <= dimensions <= hidden_size:
         raise ValueError(f"dimensions must be between 1 and the model's hidden size {hidden_size}, got {dimensions}")
-    template = template_for(engine, "embed")
-    prompts = prompt_tokenizer(engine)
-    batch = prompts.encode_prompts(template.parts(texts, instruction), token_limit(engine), truncate,
-                                   end_ids=end_token_ids(engine, template), what="text")
-    result = engine.forward(batch.sequences)
-    vectors = _pool(result, pooling)[:, :dimensions]  # (n, d)
-    if normalize:
-        vectors = torch.nn.functional.normalize(vectors, dim=-1)
-    return EmbedResult(vectors.cpu().numpy(), Usage.of(result))
+    template = task_context.template("embed")
+    prompts = task_context.prompt_tokenizer()
+    batch = prompts.encode_prompts(template.parts(texts, instruction), task_context.token_limit, truncate,
+                                   end_ids=end_token_ids(task_context, template), what="text")
+    return EmbedJob(batch.sequences, pooling, dimensions, normalize)
 
 
-def end_token_ids(engine: Engine, template: EmbedTemplate) -> list[int]:
+def end_token_ids(context: TaskContext, template: EmbedTemplate) -> list[int]:
     """The end tokens the tokenizer appends itself (Qwen3-Embedding's tokenizer appends `<|endoftext|>`), else
     the template's `end_token`, else none."""
-    prompts = prompt_tokenizer(engine)
+    prompts = context.prompt_tokenizer()
     if prompts.trailing_ids:
         return prompts.trailing_ids
     if not template.end_token:
@@ -67,11 +81,9 @@ def end_token_ids(engine: Engine, template: EmbedTemplate) -> list[int]:
                          f'TaskConfig(templates={{"embed": EmbedTemplate(end_token=...)}})') from err
 
 
-def _pool(result: ForwardResult, pooling: str) -> torch.Tensor:
+def _pool(view: BatchView, pooling: str) -> torch.Tensor:
     """(n, hidden) float32: the last token's state, or the mean over each sequence's tokens."""
-    n = len(result.plan.cu_seqlens) - 1
     if pooling == "last":
-        return result.hidden.index_select(0, torch.cat(result.rows_at([[-1]] * n))).float()
-    lengths = np.diff(result.plan.cu_seqlens).tolist()
-    per_token = result.hidden.index_select(0, result.plan.row_of_token).float()  # (N, hidden)
-    return torch.stack([chunk.mean(0) for chunk in per_token.split(lengths)])
+        return view.hidden.index_select(0, torch.cat(view.rows_at([[-1]] * view.count))).float()
+    per_token = view.hidden.index_select(0, view.row_of_token).float()  # (N, hidden) the slice's tokens
+    return torch.stack([chunk.mean(0) for chunk in per_token.split(view.lengths.tolist())])

@@ -1,0 +1,134 @@
+"""Tasks as jobs: encoded apart from the model (picklable), run together in one forward batch across tasks, each
+finished from its own slice with the same result and error as the `Engine` method alone."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from radix_core.engine import Engine
+from radix_core.tasks import TASKS, BatchView, TaskContext, encode_task, run_jobs
+
+QUERY = "what is a radix tree"
+DOCS = ["A radix tree is a compressed trie.", " Bread is baked in ovens.", "\nTries share prefixes."]
+REQUESTS = [
+    ("rerank", {"query": QUERY, "documents": DOCS, "top_n": 2, "return_documents": True}),
+    ("embed", {"texts": ["how do tries work", "Ünïcödé"], "instruction": "Find passages", "dimensions": 16}),
+    ("score", {"context": "The capital of France is", "continuations": [" Paris", " Berlin, of course."]}),
+    ("classify", {"inputs": ["great acting", "I fell asleep"], "labels": [" positive", " not sure at all"],
+                  "prefix": "Review: a fine film\nSentiment: positive\n\n", "template": "Review: {input}\nSentiment:"}),
+    ("rerank", {"query": QUERY, "documents": DOCS[:2], "raw_scores": True}),  # shares the first request's prefix
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    cache = {}
+
+    def get(radix: str = "full") -> Engine:
+        if radix not in cache:
+            cache[radix] = Engine.from_pretrained(str(tiny_model_dir("qwen3", "causal_lm")), device="cpu",
+                                                  radix=radix, tasks={"max_items": 4})
+        return cache[radix]
+
+    return get
+
+
+def alone(engine: Engine, task: str, request: dict):
+    return getattr(engine, task)(**request)
+
+
+def assert_same(got, want) -> None:
+    """Two results of one task agree within 1e-5 (scores, vectors, probabilities) and exactly otherwise."""
+    if hasattr(want, "results"):  # rerank
+        assert [(h.index, h.document) for h in got.results] == [(h.index, h.document) for h in want.results]
+        np.testing.assert_allclose([h.score for h in got.results], [h.score for h in want.results], atol=1e-5)
+    elif hasattr(want, "embeddings"):
+        np.testing.assert_allclose(got.embeddings, want.embeddings, atol=1e-5)
+    elif hasattr(want, "probabilities"):
+        assert got.labels == want.labels
+        np.testing.assert_allclose(got.probabilities, want.probabilities, atol=1e-5)
+    else:
+        assert [s.num_tokens for s in got.scores] == [s.num_tokens for s in want.scores]
+        np.testing.assert_allclose([s.logprob for s in got.scores], [s.logprob for s in want.scores], atol=1e-5)
+
+
+@pytest.mark.parametrize("radix", ["off", "mlp", "full"])
+def test_mixed_batch_equals_each_request_alone(engine, radix):
+    e = engine(radix)
+    jobs = [encode_task(e.context, task, request) for task, request in REQUESTS]
+    prepared = e.prepare([seq for job in jobs for seq in job.sequences])
+    results = run_jobs(e, jobs, pickle.loads(pickle.dumps(prepared)))  # prepared in another process
+    for (task, request), job, got in zip(REQUESTS, jobs, results):
+        want = alone(e, task, request)
+        assert_same(got, want)
+        assert got.usage.input_tokens == job.num_tokens == want.usage.input_tokens
+        assert got.usage.computed_tokens <= want.usage.computed_tokens
+    computed = [r.usage.computed_tokens for r in results]
+    num_rows = prepared.num_tokens if radix == "off" else prepared.index.num_compact
+    assert sum(computed) == num_rows
+    if radix != "off":  # the last request's query and template were computed by the first
+        assert computed[-1] < results[-1].usage.input_tokens - 50
+
+
+def test_views_split_usage_and_refuse_other_jobs_sequences(engine):
+    e = engine()
+    result = e.forward([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [7]])  # rows: 4, then 1, 1, 1
+    views = [BatchView(result, 0, 1), BatchView(result, 1, 2), BatchView(result, 3, 1)]
+    assert [(v.usage.input_tokens, v.usage.computed_tokens) for v in views] == [(4, 4), (7, 2), (1, 1)]
+    assert sum(v.usage.computed_tokens for v in views) == result.num_computed
+    np.testing.assert_array_equal(views[1].lengths, [4, 3])
+    assert [r.tolist() for r in views[1].rows_at([[-1], [0, 2]])] == [r.tolist() for r in
+                                                                       result.rows_at([[-1], [0, 2]], first=1)]
+    assert views[1].row_of_token.tolist() == result.plan.row_of_token[4:11].tolist()
+    with pytest.raises(ValueError, match="positions for 2 sequences, but this view has 1"):
+        views[0].rows_at([[0], [0]])
+
+
+@pytest.mark.parametrize("task, request_", [
+    ("rerank", {"query": "", "documents": ["d"]}),
+    ("rerank", {"query": "q", "documents": ["d"] * 5}),
+    ("embed", {"texts": ["t"], "dimensions": 65}),
+    ("embed", {"texts": ["t"], "pooling": "cls"}),
+    ("classify", {"inputs": ["x"], "labels": [" a", " a"]}),
+    ("classify", {"inputs": ["x"], "labels": [" a"], "template": "no field"}),
+    ("score", {"context": "c", "continuations": [" a", ""]}),
+    ("score", {"context": "c", "continuations": ["a passage"]}),
+])
+def test_encode_raises_what_the_method_raises(engine, task, request_):
+    e = engine()
+    with pytest.raises(ValueError) as method_error:
+        alone(e, task, request_)
+    with pytest.raises(ValueError) as encode_error:
+        encode_task(e.context, task, request_)
+    assert str(encode_error.value) == str(method_error.value)
+
+
+def test_context_and_jobs_survive_pickling(engine):
+    e = engine()
+    context = pickle.loads(pickle.dumps(e.context))
+    assert isinstance(context, TaskContext) and context.config == e.context.config
+    assert context.prompts.encode("hello\n<|im_end|>x") == e.prompts.encode("hello\n<|im_end|>x")
+    for task, request in REQUESTS:
+        job = encode_task(context, task, request)
+        assert job.task == task and pickle.loads(pickle.dumps(job)) == job
+        (got,) = run_jobs(e, [pickle.loads(pickle.dumps(job))])
+        assert_same(got, alone(e, task, request))
+    assert set(TASKS) == {"rerank", "embed", "classify", "score"}
+
+
+def test_bad_requests_say_what_is_wrong(engine):
+    e = engine()
+    with pytest.raises(ValueError, match="unknown task 'summarize': choose one of rerank, embed, classify, score"):
+        encode_task(e.context, "summarize", {})
+    with pytest.raises(ValueError, match=r"unknown rerank request keys \['docs', 'k'\]: allowed are \['query', "):
+        encode_task(e.context, "rerank", {"query": "q", "docs": ["d"], "k": 1})
+    with pytest.raises(ValueError, match=r"the score request lacks \['continuations'\]: it needs \['context', "):
+        encode_task(e.context, "score", {"context": "c"})
+    with pytest.raises(ValueError, match="the embed request must be a mapping of its arguments, got list"):
+        encode_task(e.context, "embed", ["t"])
+    job = encode_task(e.context, "embed", {"texts": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"the prepared batch \(1 sequences, 3 tokens\) is not these jobs'"):
+        run_jobs(e, [job], e.prepare([[1, 2, 3]]))
