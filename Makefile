@@ -15,7 +15,7 @@ $(BIN)/radixserve: pyproject.toml
 install: $(BIN)/radixserve
 
 serve: install
-	@echo "radixserve: the Ray Serve application lands with issue 5; this target will run 'serve run serve_config.yaml'"
+	$(BIN)/serve run serve_config.yaml
 
 test: install
 	$(BIN)/python -m pytest -q

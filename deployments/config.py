@@ -130,6 +130,9 @@ class AppArgs(_Settings):
     attention: Literal["auto", "torch", "flash", "triton"] = Field(
         "auto", description="Attention backend; auto is flash-attn on CUDA in half precision when installed.")
     max_batch_tokens: int = Field(16384, ge=1, description="Token budget of one engine batch.")
+    index_builder: Literal["actor", "inline"] = Field(
+        "actor", description="actor: tokenize and index batch k+1 in a per-replica actor while batch k runs; "
+                             "inline: build each batch just before running it (for comparison).")
     batch_wait_timeout_s: float = Field(0.01, ge=0.0, le=10.0,
                                         description="Longest a request waits for its batch to fill.")
     max_items_per_request: int = Field(1024, ge=1, description="Most items (documents, texts) in one request.")

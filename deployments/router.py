@@ -60,7 +60,7 @@ class PrefixAffinityRouter(RequestRouter):
         self._ring = HashRing(virtual_nodes=DEFAULT_VIRTUAL_NODES)
         self._load_factor = DEFAULT_LOAD_FACTOR
         self._min_load_tokens = 0.0
-        self._outstanding: dict[tuple[str, str], float] = {}  # (replica unique_id, internal request id) -> tokens
+        self._outstanding: dict[tuple[str, str], list[float]] = {}  # (replica, internal request id) -> tokens each
         self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
 
     def initialize_state(self, load_factor: float = DEFAULT_LOAD_FACTOR,
@@ -113,19 +113,42 @@ class PrefixAffinityRouter(RequestRouter):
         ranked.sort(key=lambda r: r.replica_id not in open_ids)  # stable: full replicas last, order kept
         return [[r] for r in ranked]
 
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata=None) -> None:
+        """Hand `replica` to the oldest unfulfilled request with the routed request's internal id.
+
+        Calls a replica fans out (the ingress's sub-requests) inherit their parent's internal request id, and
+        Ray's base router indexes pending requests by that id, one per id: the second sub-request could never
+        be matched and would wait forever. Searching the pending queue by id serves each of them; they share
+        the parent's prefix key, so affinity holds. (Private Ray API; Ray is pinned exactly in pyproject.)
+        """
+        if request_metadata is None:
+            return
+        wanted = request_metadata.internal_request_id
+        for pending in self._pending_requests_to_fulfill:
+            if not pending.future.done() and pending.metadata.internal_request_id == wanted:
+                self._cancel_routing_task_for_pending_request(pending)
+                self._record_queue_wait_time(pending)
+                pending.future.set_result(replica)
+                self._remove_pending_request_from_indices(pending)
+                return
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
         """Count the request's tokens against the replica until `on_request_completed`."""
         tokens = request_weight(pending_request.kwargs)
         slot = (replica_id.unique_id, pending_request.metadata.internal_request_id)
-        self._outstanding[slot] = self._outstanding.get(slot, 0.0) + tokens
+        self._outstanding.setdefault(slot, []).append(tokens)  # sub-requests of one parent share its id
         self._loads[replica_id.unique_id] = self._loads.get(replica_id.unique_id, 0.0) + tokens
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        """Release the request's tokens; calls for requests never counted (a rejected attempt) are ignored."""
-        tokens = self._outstanding.pop((replica_id.unique_id, internal_request_id), None)
-        if tokens is None:
+        """Release one request's tokens; calls for requests never counted (a rejected attempt) are ignored."""
+        slot = (replica_id.unique_id, internal_request_id)
+        pending = self._outstanding.get(slot)
+        if not pending:
             return
+        tokens = pending.pop(0)
+        if not pending:
+            del self._outstanding[slot]
         left = self._loads.get(replica_id.unique_id, 0.0) - tokens
         if left > 0:
             self._loads[replica_id.unique_id] = left

@@ -53,13 +53,8 @@ class Architecture:
 
 def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> Architecture:
     """Load `model` (local directory or hub id) with transformers, in eval mode on `device` and `dtype`."""
-    config = _load_config(model)
-    if config.model_type not in SUPPORTED_FAMILIES:
-        raise ModelLoadError(
-            f"model {model!r} is a {config.model_type!r} model; radixserve supports the "
-            f"{', '.join(SUPPORTED_FAMILIES)} families"
-        )
-    head = _head_of(config)
+    config = load_config(model)
+    head = head_of(config)
     try:
         loaded = HEADS[head].from_pretrained(model, dtype=dtype)
     except (OSError, ValueError) as err:
@@ -77,21 +72,29 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> A
         rotary_emb=base.rotary_emb,
         apply_rotary=sys.modules[type(first_attn).__module__].apply_rotary_pos_emb,
         head_module={"causal_lm": getattr(loaded, "lm_head", None), "seq_cls": getattr(loaded, "score", None)}.get(head),
-        max_seq_len=_max_seq_len(config, base.layers),
+        max_seq_len=max_seq_len(config),
     )
 
 
-def _load_config(model: str) -> PretrainedConfig:
+def load_config(model: str) -> PretrainedConfig:
+    """The model's config, refusing families we do not support with a message listing the supported ones."""
     try:
-        return AutoConfig.from_pretrained(model)
+        config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as err:
         raise ModelLoadError(
             f"could not load model {model!r}: {err}. Give a local directory holding config.json and the weights "
             f"(for the server: set RADIXSERVE_MODEL=/path/to/model), or make sure the hub id is right and reachable."
         ) from err
+    if config.model_type not in SUPPORTED_FAMILIES:
+        raise ModelLoadError(
+            f"model {model!r} is a {config.model_type!r} model; radixserve supports the "
+            f"{', '.join(SUPPORTED_FAMILIES)} families"
+        )
+    return config
 
 
-def _head_of(config: PretrainedConfig) -> str:
+def head_of(config: PretrainedConfig) -> str:
+    """"causal_lm", "seq_cls" or "base", from the checkpoint's architectures."""
     architectures = config.architectures or []
     if any(a.endswith("ForCausalLM") for a in architectures):
         return "causal_lm"
@@ -100,9 +103,12 @@ def _head_of(config: PretrainedConfig) -> str:
     return "base"
 
 
-def _max_seq_len(config: PretrainedConfig, layers: nn.ModuleList) -> int:
-    """A sliding window no shorter than the sequence equals full causal attention, so cap lengths at it."""
-    windows = [w for layer in layers if (w := getattr(layer.self_attn, "sliding_window", None))]
-    if getattr(config, "model_type", None) == "mistral" and config.sliding_window:
-        windows.append(config.sliding_window)
-    return min([config.max_position_embeddings, *windows])
+def max_seq_len(config: PretrainedConfig) -> int:
+    """Longest sequence computed exactly: a sliding window no shorter than the sequence equals full causal
+    attention, so lengths are capped at the window (Mistral's applies to every layer; Qwen2/Qwen3 have one
+    only on their `sliding_attention` layers)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    if window and (config.model_type == "mistral" or "sliding_attention" in layer_types):
+        return min(config.max_position_embeddings, window)
+    return config.max_position_embeddings

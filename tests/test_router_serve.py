@@ -130,8 +130,10 @@ KEYS = [f"model|rerank|query-{i}" for i in range(8)]
 PER_KEY = 20
 
 
-def affinity_app():
-    """Three replicas whose `score` answers with the replica it ran on, routed by PrefixAffinityRouter.
+def affinity_app(fan_out: bool = False):
+    """Three replicas whose `score` answers with the replica it ran on, routed by PrefixAffinityRouter; with
+    `fan_out`, behind a parent deployment that sends each call on as PER_KEY concurrent calls (as the ingress
+    sends sub-requests, which inherit the parent's internal request id).
 
     Defined in a function so cloudpickle ships it by value (replica workers cannot import the test module).
     """
@@ -146,7 +148,16 @@ def affinity_app():
         async def score(self, payload, *, prefix_key=None, num_tokens=1):
             return serve.get_replica_context().replica_id.unique_id
 
-    return WhoAmI.bind()
+    @serve.deployment(name="parent", ray_actor_options={"num_cpus": 0})
+    class FanOut:
+        def __init__(self, engine):
+            self.engine = engine
+
+        async def score(self, key):
+            calls = [self.engine.score.remote({"n": i}, prefix_key=key, num_tokens=2) for i in range(PER_KEY)]
+            return await asyncio.gather(*calls)
+
+    return FanOut.bind(WhoAmI.bind()) if fan_out else WhoAmI.bind()
 
 
 def replicas_per_key(handle) -> dict[str, Counter]:
@@ -223,3 +234,15 @@ def test_one_prefix_one_replica_and_scale_down_keeps_survivors(local_serve):
     new_owner = {k: next(iter(c)) for k, c in after.items()}
     assert all(new_owner[k] == owner[k] for k in KEYS if owner[k] in survivors)  # survivors keep their keys
     assert all(new_owner[k] == HashRing(survivors, virtual_nodes=VNODES).walk(k)[0] for k in KEYS)
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(120)
+def test_fanned_out_sub_requests_all_route_to_the_key_owner(local_serve):
+    """Sub-requests sharing their parent's internal request id are each served (Ray's base router would match
+    only the first of them and leave the rest waiting) and all land on the key's replica."""
+    handle = serve.run(affinity_app(fan_out=True), name="affinity", route_prefix=None)
+    handle.score.remote("warm-up").result(timeout_s=30)  # fills the parent router's queue-length cache
+    for key in KEYS[:3]:
+        served_by = handle.score.remote(key).result(timeout_s=30)
+        assert len(served_by) == PER_KEY and len(set(served_by)) == 1, served_by

@@ -10,11 +10,12 @@ from radix_core.tasks.common import TaskContext, TaskJob, Usage
 from radix_core.tasks.config import TaskConfig
 from radix_core.tasks.embed import EmbedJob, EmbedResult
 from radix_core.tasks.jobs import TASKS, BatchView, encode_task, run_jobs
+from radix_core.tasks.requests import load_task_context, merge_results, routing_prefix, split_request
 from radix_core.tasks.rerank import RerankHit, RerankJob, RerankResult
 from radix_core.tasks.scoring import ClassifyJob, ClassifyResult, ContinuationScore, ScoreJob, ScoreResult
 
 __all__ = [
     "TASKS", "BatchView", "ClassifyJob", "ClassifyResult", "ContinuationScore", "EmbedJob", "EmbedResult",
     "RerankHit", "RerankJob", "RerankResult", "ScoreJob", "ScoreResult", "TaskConfig", "TaskContext", "TaskJob",
-    "Usage", "encode_task", "run_jobs",
+    "Usage", "encode_task", "load_task_context", "merge_results", "routing_prefix", "run_jobs", "split_request",
 ]

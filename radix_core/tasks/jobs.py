@@ -81,12 +81,17 @@ def encode_task(context: TaskContext, task: str, request: Mapping[str, Any]) -> 
     """Validate and tokenize one request of `task`. `request` holds the keyword arguments of the `Engine`
     method of that task (`{"query": ..., "documents": [...], "top_n": 3}`); an unknown task, an unknown or
     missing key, and bad input raise a ValueError saying what is wrong."""
+    check_request(task, request)
+    return ENCODERS[task](context, **request)
+
+
+def check_request(task: str, request: Mapping[str, Any]) -> None:
+    """A known task, and a mapping holding only its encoder's keywords and all the required ones."""
     if task not in ENCODERS:
         raise ValueError(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
     if not isinstance(request, Mapping):
         raise ValueError(f"the {task} request must be a mapping of its arguments, got {type(request).__name__}")
-    encode = ENCODERS[task]
-    params = list(inspect.signature(encode).parameters.values())[1:]  # after the TaskContext
+    params = list(inspect.signature(ENCODERS[task]).parameters.values())[1:]  # after the TaskContext
     allowed = [p.name for p in params]
     unknown = sorted(set(request) - set(allowed))
     if unknown:
@@ -95,7 +100,6 @@ def encode_task(context: TaskContext, task: str, request: Mapping[str, Any]) -> 
     missing = [name for name in required if name not in request]
     if missing:
         raise ValueError(f"the {task} request lacks {missing}: it needs {required}")
-    return encode(context, **request)
 
 
 def run_jobs(engine: Engine, jobs: Sequence[TaskJob], prepared: PreparedBatch | None = None) -> list:

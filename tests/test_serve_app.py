@@ -1,0 +1,108 @@
+"""The whole Ray Serve application on a local Ray: the library's answers through DeploymentHandles, bad input,
+split requests, and an IndexBuilder actor killed mid-run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+from ray import serve
+
+from deployments.app import build
+from radix_core import Engine
+
+DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * (i % 5)}" for i in range(12)]
+QUERY = "what is a radix tree"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return str(tiny_model_dir("qwen3", "causal_lm"))
+
+
+@pytest.fixture(scope="module")
+def app(model_dir):
+    """Two engine replicas and the ingress on a 2-CPU local Ray; small sub-requests force splitting."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(proxy_location="Disabled")
+        handle = serve.run(build({"model": model_dir, "engine_replicas": 2, "engine_cpus": 0.5, "ingress_cpus": 0.5,
+                                  "max_request_tokens": 120, "max_batch_tokens": 4096}),
+                           name="radixserve", route_prefix=None)
+        yield handle
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return Engine.from_pretrained(model_dir, device="cpu")
+
+
+def call(handle, method: str, request: dict):
+    return getattr(handle, method).remote(request).result(timeout_s=60)
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(300)
+def test_served_results_equal_the_library(app, engine):
+    served = call(app, "rerank", {"query": QUERY, "documents": DOCS, "top_n": 5})
+    local = engine.rerank(QUERY, DOCS, top_n=5)
+    assert [h.index for h in served.results] == [h.index for h in local.results]
+    np.testing.assert_allclose([h.score for h in served.results], [h.score for h in local.results], atol=1e-5)
+    assert served.usage.input_tokens == local.usage.input_tokens
+
+    embedded = call(app, "embed", {"texts": DOCS[:5], "instruction": "Find passages about trees"})
+    np.testing.assert_allclose(embedded.embeddings,
+                               engine.embed(DOCS[:5], instruction="Find passages about trees").embeddings, atol=1e-5)
+
+    classified = call(app, "classify", {"inputs": ["great", "awful", "fine"], "labels": ["yes", "no"],
+                                        "prefix": "Is it good? "})
+    np.testing.assert_allclose(classified.probabilities,
+                               engine.classify(["great", "awful", "fine"], ["yes", "no"], prefix="Is it good? ")
+                               .probabilities, atol=1e-5)
+
+    scored = call(app, "score", {"context": "The capital of France is", "continuations": [" Paris", " Rome"]})
+    local_scores = engine.score("The capital of France is", [" Paris", " Rome"]).scores
+    np.testing.assert_allclose([s.logprob for s in scored.scores], [s.logprob for s in local_scores], atol=1e-5)
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(120)
+def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(app):
+    with pytest.raises(ValueError, match="documents is empty"):
+        call(app, "rerank", {"query": QUERY, "documents": []})
+    with pytest.raises(ValueError, match="unknown rerank request keys"):
+        call(app, "rerank", {"query": QUERY, "documents": DOCS, "colour": "red"})
+    assert len(call(app, "rerank", {"query": QUERY, "documents": DOCS[:2]}).results) == 2
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(180)
+def test_a_killed_index_builder_is_recreated(app):
+    killed = index_builders()
+    assert len(killed) == 2  # one per engine replica
+    for actor in killed.values():
+        ray.kill(actor)
+    for _ in range(3):  # whichever replica the prefix lands on, its builder is gone: it must start a new one
+        assert len(call(app, "rerank", {"query": QUERY, "documents": DOCS}).results) == len(DOCS)
+    replaced = {name for name, actor in index_builders().items() if actor._actor_id != killed[name]._actor_id}
+    assert replaced, "no replica started a new IndexBuilder"
+    info = app.info.remote().result(timeout_s=30)
+    assert info["index_builder"] == "actor" and info["tasks"] == ["rerank", "embed", "classify", "score"]
+
+
+def index_builders() -> dict[str, ray.actor.ActorHandle]:
+    """The live IndexBuilder actors by name (`index-builder-<replica id>`)."""
+    named = ray.util.list_named_actors(all_namespaces=True)
+    builders = {}
+    for actor in named:
+        if actor["name"].startswith("index-builder-"):
+            try:
+                builders[actor["name"]] = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            except ValueError:  # killed, not yet forgotten
+                continue
+    return builders
