@@ -4,18 +4,18 @@ Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 6
 weights, float32 (the `bench` preset of `radix_core.tiny_models`). For each shape, every mode runs in one
 process with the modes interleaved per repetition; the table gives the median time, the speed-up over `off`,
 the FLOP bound of that speed-up (position-wise and attention FLOPs of both layouts), achieved / bound, and the
-peak memory growth of one forward (measured in a fresh subprocess per cell). Plain transformers on a padded
+peak memory growth of one forward (RSS high-water mark over the RSS before it, in a fresh subprocess per
+cell). Plain transformers on a padded
 batch is timed as the reference users run today. A sweep of the shared-prefix length (batch 32, suffix 64)
 gives the speed-up plot.
 
-    python bench/engine_bench.py [--repeats 3] [--out bench/results]
+    python bench/engine_bench.py [--repeats 5] [--out bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -152,10 +152,16 @@ def memory_cell(model_dir: str, shape: str, mode: str) -> None:
     else:
         engine = Engine.from_pretrained(model_dir, device="cpu")
         run = lambda: engine.last_hidden_states(sequences, mode=mode)  # noqa: E731
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _status_kb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current RSS
     run()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_mb": (after - before) / 1024}))
+    print(json.dumps({"peak_mb": (_status_kb("VmHWM") - before) / 1024}))
+
+
+def _status_kb(field: str) -> int:
+    """A `/proc/self/status` memory figure in kB (Linux)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1])
 
 
 def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
@@ -211,7 +217,7 @@ def plot(speedups: dict[str, list[float]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sweep-repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--memory-cell", nargs=3, metavar=("MODEL_DIR", "SHAPE", "MODE"), help=argparse.SUPPRESS)

@@ -94,8 +94,12 @@ class ReplicaSettings(_Settings):
 
 
 class RouterSettings(_Settings):
-    """PrefixAffinityRouter tuning: consistent hashing with bounded loads over the engine replicas."""
+    """How the ingress picks an engine replica: PrefixAffinityRouter (consistent hashing with bounded loads over
+    the replicas, keyed by the request's prefix) or Ray Serve's default power-of-two-choices router."""
 
+    policy: Literal["prefix_affinity", "power_of_two"] = Field(
+        "prefix_affinity", description="prefix_affinity: one prefix -> one replica (shared prefixes computed once "
+                                       "per batch); power_of_two: Ray Serve's default, for comparison.")
     load_factor: float = Field(DEFAULT_LOAD_FACTOR, ge=1.0, le=10.0,
                                description="A replica above this multiple of the mean outstanding tokens is "
                                            "skipped for new keys' requests (1.25 = 25% over the mean).")
@@ -107,10 +111,13 @@ class RouterSettings(_Settings):
                              "max_batch_tokens keeps a burst of one prefix together while it fits one batch.")
 
     def to_request_router_config(self):
-        """Ray's `RequestRouterConfig` selecting `PrefixAffinityRouter` with these settings."""
+        """Ray's `RequestRouterConfig`: `PrefixAffinityRouter` with these settings, or Ray's default router."""
         from ray.serve.config import RequestRouterConfig
 
-        return RequestRouterConfig(request_router_class=ROUTER_CLASS, request_router_kwargs=self.model_dump())
+        if self.policy == "power_of_two":
+            return RequestRouterConfig()
+        return RequestRouterConfig(request_router_class=ROUTER_CLASS,
+                                   request_router_kwargs=self.model_dump(exclude={"policy"}))
 
 
 class AppArgs(_Settings):
@@ -141,8 +148,13 @@ class AppArgs(_Settings):
     max_request_tokens: int = Field(
         8192, ge=1, description="The ingress splits larger requests into sub-requests of at most this many "
                                 "tokens, all with the request's prefix key.")
+    max_request_bytes: int = Field(
+        16 * 1024 * 1024, ge=1, description="Largest gRPC request message the ingress accepts; larger ones get "
+                                            "RESOURCE_EXHAUSTED naming this limit. Ray's gRPC proxy itself "
+                                            "accepts up to $RAY_SERVE_GRPC_MAX_MESSAGE_SIZE (2 GiB by default).")
     api_keys_file: str | None = Field(
-        None, description="Path of a file with one API key per line; unset (with api_keys_env) disables auth.")
+        None, description="Path of a file with one API key per line (# starts a comment); gRPC calls then need "
+                          "the metadata 'authorization: Bearer <key>'. Unset together with api_keys_env: no auth.")
     api_keys_env: str | None = Field(
         None, description="Name of an environment variable holding comma-separated API keys (not the keys).")
     max_ongoing_requests: int = Field(

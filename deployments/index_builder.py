@@ -47,15 +47,29 @@ def build_batch(context: TaskContext, limits: BatchLimits, radix: str,
 
 
 class IndexBuilder:
-    """The actor: holds the tokenizer (in `context`) and the limits; no model weights."""
+    """The actor: holds the tokenizer (in `context`) and the limits; no model weights. Counts what it built, so
+    a replica's batches can be inspected from outside (`stats`)."""
 
     def __init__(self, context: TaskContext, limits: BatchLimits, radix: str):
         self.context = context
         self.limits = limits
         self.radix = radix
+        self.totals = {"batches": 0, "requests": 0, "tokens": 0, "compact_tokens": 0}
 
     def build(self, items: list[tuple[str, dict[str, Any]]]) -> BuiltBatch:
-        return build_batch(self.context, self.limits, self.radix, items)
+        built = build_batch(self.context, self.limits, self.radix, items)
+        prepared = built.prepared
+        if prepared is not None:
+            self.totals["batches"] += 1
+            self.totals["requests"] += len(built.ok_jobs)
+            self.totals["tokens"] += prepared.num_tokens
+            self.totals["compact_tokens"] += (prepared.index.num_compact if prepared.index is not None
+                                              else prepared.num_tokens)
+        return built
+
+    def stats(self) -> dict[str, int]:
+        """Batches, requests and tokens built so far; `compact_tokens` counts the rows the batches compute."""
+        return dict(self.totals)
 
     def ping(self) -> bool:
         return True

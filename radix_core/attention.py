@@ -44,6 +44,50 @@ class AttentionMetadata:
         k = self.cu_seqlens_k.tolist()
         return [(q[s], q[s + 1], k[s], k[s + 1]) for s in range(len(q) - 1)]
 
+    @cached_property
+    def shape_groups(self) -> list[ShapeGroup]:
+        """Sequences with equal (Lq, Lk), each group one batched attention call without padding; sequences that
+        add no queries are left out. Built once per batch, used by every layer."""
+        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for q_start, q_end, k_start, k_end in self.bounds:
+            if q_end > q_start:
+                by_shape.setdefault((q_end - q_start, k_end - k_start), []).append((q_start, k_start))
+        return [self._group(lq, lk, starts) for (lq, lk), starts in by_shape.items()]
+
+    def _group(self, lq: int, lk: int, starts: list[tuple[int, int]]) -> ShapeGroup:
+        """Rows as slices where they are back to back (views, no copy), else as index tensors."""
+        count = len(starts)
+        q_first, k_first = starts[0]
+        q_rows = slice(q_first, q_first + count * lq) if _back_to_back([q for q, _ in starts], lq) else None
+        if self.kv_index is None and _back_to_back([k for _, k in starts], lk):
+            k_rows = slice(k_first, k_first + count * lk)
+        else:
+            k_rows = None
+        if q_rows is None or k_rows is None:
+            first = torch.tensor(starts, device=self.cu_seqlens_q.device)  # (G, 2) first query row, key position
+            arange = lambda n: torch.arange(n, device=first.device)  # noqa: E731
+            if q_rows is None:
+                q_rows = (first[:, :1] + arange(lq)).reshape(-1)  # (G*Lq,)
+            if k_rows is None:
+                k_rows = (first[:, 1:] + arange(lk)).reshape(-1)  # (G*Lk,) positions in kv_index (or rows)
+                k_rows = k_rows if self.kv_index is None else self.kv_index[k_rows]
+        return ShapeGroup(lq, lk, count, q_rows, k_rows)
+
+
+def _back_to_back(starts: list[int], length: int) -> bool:
+    return all(b - a == length for a, b in zip(starts, starts[1:]))
+
+
+@dataclass
+class ShapeGroup:
+    """`count` sequences with `lq` queries and `lk` keys each: their query rows and key/value rows, back to back."""
+
+    lq: int
+    lk: int
+    count: int
+    q_rows: torch.Tensor | slice  # (count*lq,) rows of q
+    k_rows: torch.Tensor | slice  # (count*lk,) rows of k and v
+
 
 class AttentionBackend:
     """`attend(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale) -> (Nq, Hq, D)`."""
@@ -61,25 +105,22 @@ class AttentionBackend:
 
 
 class TorchAttention(AttentionBackend):
-    """One `scaled_dot_product_attention` call per sequence; CPU path and the reference for the others."""
+    """`scaled_dot_product_attention` per group of equal-shape sequences (`AttentionMetadata.shape_groups`);
+    the CPU path and the reference for the others."""
 
     name = "torch"
 
     def attend(self, q, k, v, meta, scale):
         out = torch.empty_like(q)  # (Nq, Hq, D); every query row belongs to exactly one sequence
-        gqa = q.shape[1] != k.shape[1]
-        for q_start, q_end, k_start, k_end in meta.bounds:
-            if q_end == q_start:
-                continue
-            rows = slice(k_start, k_end) if meta.kv_index is None else meta.kv_index[k_start:k_end]
-            qs = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # (1, Hq, Lq, D)
-            ks = k[rows].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Lk, D)
-            vs = v[rows].transpose(0, 1).unsqueeze(0)  # (1, Hkv, Lk, D)
-            lq, lk = q_end - q_start, k_end - k_start
-            mask = None if lq == lk else _lower_right_causal(lq, lk, q.device)
+        heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+        for g in meta.shape_groups:
+            qs = q[g.q_rows].view(g.count, g.lq, heads, dim).transpose(1, 2)  # (G, Hq, Lq, D)
+            ks = k[g.k_rows].view(g.count, g.lk, kv_heads, dim).transpose(1, 2)  # (G, Hkv, Lk, D)
+            vs = v[g.k_rows].view(g.count, g.lk, kv_heads, dim).transpose(1, 2)  # (G, Hkv, Lk, D)
+            mask = None if g.lq == g.lk else _lower_right_causal(g.lq, g.lk, q.device)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                               enable_gqa=gqa)  # (1, Hq, Lq, D)
-            out[q_start:q_end] = o[0].transpose(0, 1)
+                                               enable_gqa=heads != kv_heads)  # (G, Hq, Lq, D)
+            out[g.q_rows] = o.transpose(1, 2).reshape(-1, heads, dim)
         return out
 
 

@@ -1,0 +1,134 @@
+"""Routing and pipelining of the Ray Serve application, on a local Ray with a tiny model on the CPU.
+
+Stream: 32 queries x 64 documents, sent as 8-document rerank requests (256 requests) in shuffled order by
+concurrent clients through the ingress. Each configuration deploys the app afresh and sends the same stream:
+
+* prefix routing (PrefixAffinityRouter) vs Ray Serve's default router, 4 engine replicas each: the batches'
+  compression (rows computed / tokens, summed over every replica's IndexBuilder), throughput, and requests per
+  replica (max / mean);
+* one engine replica: the compression a single replica reaches on the same stream (the routing target is at
+  least 0.9 of it);
+* pipelining: one replica with the IndexBuilder actor (tokenize + index batch k+1 while batch k runs) vs
+  building each batch inline, same stream.
+
+    python bench/routing_bench.py [--clients 16] [--out bench/results/routing_bench.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from deployments.app import build
+from radix_core.tiny_models import make_tiny_model
+
+WORDS = ("radix tree prefix token batch replica query passage shared compute router cache index score model "
+         "attention layer sequence document search engine relevant answer question").split()
+
+
+def stream(seed: int = 0) -> list[dict]:
+    """256 rerank requests: 32 queries, each with 64 documents in 8 requests of 8; shuffled."""
+    rng = random.Random(seed)
+    text = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    requests = []
+    for q in range(32):
+        query = f"question {q}: " + text(rng.randint(6, 14))
+        documents = [text(rng.randint(30, 90)) for _ in range(64)]
+        requests += [{"query": query, "documents": documents[i:i + 8]} for i in range(0, 64, 8)]
+    rng.shuffle(requests)
+    return requests
+
+
+async def send(handle, requests: list[dict], clients: int) -> float:
+    """Seconds to serve every request with `clients` concurrent senders."""
+    queue = list(requests)
+
+    async def client():
+        while queue:
+            await handle.rerank.remote(queue.pop())
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return time.perf_counter() - start
+
+
+def builder_stats() -> list[dict]:
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("index-builder-")]
+    return ray.get([ray.get_actor(a["name"], namespace=a["namespace"]).stats.remote() for a in names])
+
+
+def run_config(model_dir: str, requests: list[dict], clients: int, replicas: int, policy: str,
+               index_builder: str) -> dict:
+    args = {"model": model_dir, "engine_replicas": replicas, "engine_cpus": 1.5 / replicas, "ingress_cpus": 0.25,
+            "router": {"policy": policy}, "index_builder": index_builder, "batch_wait_timeout_s": 0.02}
+    handle = serve.run(build(args), name="radixserve", route_prefix=None)
+    asyncio.run(send(handle, requests[:16], clients))  # warm-up: replicas loaded, routers' caches filled
+    warm = builder_stats() if index_builder == "actor" else []
+    seconds = asyncio.run(send(handle, requests, clients))
+    stats = builder_stats() if index_builder == "actor" else []
+    serve.delete("radixserve")
+    row = {"seconds": seconds, "docs_per_s": sum(len(r["documents"]) for r in requests) / seconds}
+    if stats:
+        delta = [{k: s[k] - w.get(k, 0) for k in s} for s, w in zip(stats, warm or [{}] * len(stats))]
+        per_replica = [d["requests"] for d in delta]
+        row.update(compression=sum(d["compact_tokens"] for d in delta) / sum(d["tokens"] for d in delta),
+                   batches=sum(d["batches"] for d in delta), requests=per_replica,
+                   max_over_mean=max(per_replica) / (sum(per_replica) / len(per_replica)))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "routing_bench.md")
+    args = parser.parse_args()
+    model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny-reranker", "qwen3", "causal_lm"))
+    requests = stream()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
+    serve.start(proxy_location="Disabled")
+    configs = {
+        "prefix routing, 4 replicas": (4, "prefix_affinity", "actor"),
+        "default router, 4 replicas": (4, "power_of_two", "actor"),
+        "one replica": (1, "prefix_affinity", "actor"),
+        "one replica, index built inline": (1, "prefix_affinity", "inline"),
+    }
+    results = {}
+    for name, (replicas, policy, builder) in configs.items():
+        results[name] = run_config(model_dir, requests, args.clients, replicas, policy, builder)
+        print(name, results[name], flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    write_report(results, args)
+
+
+def write_report(results: dict, args) -> None:
+    single = results["one replica"]["compression"]
+    rows = ["| configuration | N'/N | vs one replica | batches | requests per replica | max/mean | docs/s |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if "compression" in r:
+            rows.append(f"| {name} | {r['compression']:.3f} | {single / r['compression']:.2f} | {r['batches']} | "
+                        f"{r['requests']} | {r['max_over_mean']:.2f} | {r['docs_per_s']:.0f} |")
+        else:
+            rows.append(f"| {name} | | | | | | {r['docs_per_s']:.0f} |")
+    pipelined = results["one replica"]["docs_per_s"] / results["one replica, index built inline"]["docs_per_s"]
+    text = (f"# Routing and pipelining\n\nCommand: `python bench/routing_bench.py --clients {args.clients}` "
+            "(tiny Qwen3 reranker, CPU, 2 cores, 256 requests of 8 documents from 32 queries, shuffled).\n\n"
+            "`vs one replica` is the single replica's N'/N divided by this one's (1.0 = as much sharing as one "
+            "replica finds; the target for prefix routing is >= 0.9).\n\n" + "\n".join(rows)
+            + f"\n\nPipelined IndexBuilder vs inline build, one replica: {pipelined:.2f}x throughput.\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
