@@ -47,7 +47,8 @@ class AttentionMetadata:
     @cached_property
     def shape_groups(self) -> list[ShapeGroup]:
         """Sequences with equal (Lq, Lk), each group one batched attention call without padding; sequences that
-        add no queries are left out. Built once per batch, used by every layer."""
+        add no queries are left out. Key rows count along the keys' layout (`cu_seqlens_k`), i.e. after gathering
+        through `kv_index`. Built once per batch, used by every layer."""
         by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for q_start, q_end, k_start, k_end in self.bounds:
             if q_end > q_start:
@@ -56,26 +57,18 @@ class AttentionMetadata:
 
     def _group(self, lq: int, lk: int, starts: list[tuple[int, int]]) -> ShapeGroup:
         """Rows as slices where they are back to back (views, no copy), else as index tensors."""
-        count = len(starts)
-        q_first, k_first = starts[0]
-        q_rows = slice(q_first, q_first + count * lq) if _back_to_back([q for q, _ in starts], lq) else None
-        if self.kv_index is None and _back_to_back([k for _, k in starts], lk):
-            k_rows = slice(k_first, k_first + count * lk)
-        else:
-            k_rows = None
-        if q_rows is None or k_rows is None:
-            first = torch.tensor(starts, device=self.cu_seqlens_q.device)  # (G, 2) first query row, key position
-            arange = lambda n: torch.arange(n, device=first.device)  # noqa: E731
-            if q_rows is None:
-                q_rows = (first[:, :1] + arange(lq)).reshape(-1)  # (G*Lq,)
-            if k_rows is None:
-                k_rows = (first[:, 1:] + arange(lk)).reshape(-1)  # (G*Lk,) positions in kv_index (or rows)
-                k_rows = k_rows if self.kv_index is None else self.kv_index[k_rows]
-        return ShapeGroup(lq, lk, count, q_rows, k_rows)
+        device = self.cu_seqlens_q.device
+        q_rows = _rows([q for q, _ in starts], lq, device)
+        k_rows = _rows([k for _, k in starts], lk, device)
+        mask = None if lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
+        return ShapeGroup(lq, lk, len(starts), q_rows, k_rows, mask)
 
 
-def _back_to_back(starts: list[int], length: int) -> bool:
-    return all(b - a == length for a, b in zip(starts, starts[1:]))
+def _rows(starts: list[int], length: int, device) -> torch.Tensor | slice:
+    """The rows of blocks of `length` starting at `starts`: a slice when they are back to back."""
+    if all(b - a == length for a, b in zip(starts, starts[1:])):
+        return slice(starts[0], starts[0] + len(starts) * length)
+    return (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).reshape(-1)
 
 
 @dataclass
@@ -86,7 +79,8 @@ class ShapeGroup:
     lk: int
     count: int
     q_rows: torch.Tensor | slice  # (count*lq,) rows of q
-    k_rows: torch.Tensor | slice  # (count*lk,) rows of k and v
+    k_rows: torch.Tensor | slice  # (count*lk,) rows of the keys' layout
+    mask: torch.Tensor | None  # (lq, lk) bool, bottom-right causal; None when lq == lk (plain causal)
 
 
 class AttentionBackend:
@@ -105,28 +99,24 @@ class AttentionBackend:
 
 
 class TorchAttention(AttentionBackend):
-    """`scaled_dot_product_attention` per group of equal-shape sequences (`AttentionMetadata.shape_groups`);
-    the CPU path and the reference for the others."""
+    """`scaled_dot_product_attention` per group of equal-shape sequences (`AttentionMetadata.shape_groups`), over
+    K/V gathered once per layer along the sequences' paths; the CPU path and the reference for the others."""
 
     name = "torch"
 
     def attend(self, q, k, v, meta, scale):
+        if meta.kv_index is not None:
+            k, v = k.index_select(0, meta.kv_index), v.index_select(0, meta.kv_index)  # (total_k, Hkv, D)
         out = torch.empty_like(q)  # (Nq, Hq, D); every query row belongs to exactly one sequence
         heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
         for g in meta.shape_groups:
             qs = q[g.q_rows].view(g.count, g.lq, heads, dim).transpose(1, 2)  # (G, Hq, Lq, D)
             ks = k[g.k_rows].view(g.count, g.lk, kv_heads, dim).transpose(1, 2)  # (G, Hkv, Lk, D)
             vs = v[g.k_rows].view(g.count, g.lk, kv_heads, dim).transpose(1, 2)  # (G, Hkv, Lk, D)
-            mask = None if g.lq == g.lk else _lower_right_causal(g.lq, g.lk, q.device)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, is_causal=g.mask is None, scale=scale,
                                                enable_gqa=heads != kv_heads)  # (G, Hq, Lq, D)
             out[g.q_rows] = o.transpose(1, 2).reshape(-1, heads, dim)
         return out
-
-
-def _lower_right_causal(lq: int, lk: int, device) -> torch.Tensor:
-    """(Lq, Lk) bool: query j sees keys 0 .. Lk - Lq + j."""
-    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
 
 
 class FlashAttention(AttentionBackend):
