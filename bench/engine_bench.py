@@ -19,12 +19,12 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from timing import interleaved_medians
 
 from radix_core.engine import Engine
 from radix_core.index import build_radix_index, flatten_sequences
@@ -122,19 +122,6 @@ def padded_transformers(model, sequences) -> torch.Tensor:
     return hidden[torch.arange(len(sequences)), mask.sum(1) - 1]
 
 
-def time_modes(runners: dict, repeats: int) -> dict[str, float]:
-    """Median seconds per runner, interleaved, after one warm-up each."""
-    for run in runners.values():
-        run()
-    times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def peak_memory_mb(model_dir: Path, shape: str, mode: str) -> float:
     """Peak RSS growth of one forward, in a fresh process so earlier runs do not hide it."""
     out = subprocess.run([sys.executable, __file__, "--memory-cell", str(model_dir), shape, mode],
@@ -173,7 +160,7 @@ def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
         index = build_radix_index(ids, cu)
         runners = {m: (lambda m=m: engine.last_hidden_states(sequences, mode=m)) for m in MODES}
         runners["transformers (padded)"] = lambda: padded_transformers(hf_model, sequences)
-        times = time_modes(runners, repeats)
+        times = interleaved_medians(runners, repeats)
         off_flops = mode_flops(size, sequences, "off", engine.radix_threshold)
         for name, seconds in times.items():
             speedup = times["off"] / seconds
@@ -190,7 +177,7 @@ def sweep(engine, repeats) -> dict[str, list[float]]:
     speedups = {"mlp": [], "full": []}
     for prefix in SWEEP_PREFIXES:
         sequences = synthetic_prefix(np.random.default_rng(1), prefix=prefix)
-        times = time_modes({m: (lambda m=m: engine.last_hidden_states(sequences, mode=m))
+        times = interleaved_medians({m: (lambda m=m: engine.last_hidden_states(sequences, mode=m))
                             for m in ("off", "mlp", "full")}, repeats)
         for mode in speedups:
             speedups[mode].append(times["off"] / times[mode])

@@ -9,11 +9,11 @@ compact-attention metadata. Timings are medians over interleaved repetitions in 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 from radix_mlp import compute_fold_and_scatter
+from timing import interleaved_medians
 
 from radix_core.index import build_radix_index
 
@@ -32,16 +32,6 @@ def make_batch(batch: int, length: int, ratio: float, rng: np.random.Generator):
     return ids, pos, cu
 
 
-def median_times(fns: dict, repeats: int) -> dict:
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -53,11 +43,11 @@ def main() -> None:
     for batch, length in SHAPES:
         for ratio in RATIOS:
             ids, pos, cu = make_batch(batch, length, ratio, rng)
-            t = median_times({
+            t = interleaved_medians({
                 "rust": lambda: compute_fold_and_scatter(ids, pos, cu),
                 "ours": lambda: build_radix_index(ids, cu, pos),
                 "numpy": lambda: build_radix_index(ids, cu, pos, backend="numpy"),
-            }, args.repeats)
+            }, args.repeats, warmup=False)
             compression = build_radix_index(ids, cu, pos).compression
             rows.append(f"| {batch}x{length} | {ratio:.2f} | {compression:.3f} | {t['rust'] * 1e3:.3f} | "
                         f"{t['ours'] * 1e3:.3f} | {t['rust'] / t['ours']:.2f}x | {t['numpy'] * 1e3:.3f} |")
