@@ -40,5 +40,6 @@ def engine_settings(args: AppArgs, device: str) -> EngineSettings:
 def ingress_settings(args: AppArgs) -> IngressSettings:
     return IngressSettings(
         model=args.model, max_items=args.max_items_per_request, max_tokens_per_item=args.max_tokens_per_item,
-        max_request_tokens=args.max_request_tokens,
+        max_request_tokens=args.max_request_tokens, max_request_bytes=args.max_request_bytes,
+        api_keys_file=args.api_keys_file, api_keys_env=args.api_keys_env,
     )

@@ -64,3 +64,7 @@ def test_split_checks_the_request_first(engine):
         split_request(engine.context, "rerank", {"query": "q", "documents": []}, 100)
     with pytest.raises(ValueError, match="unknown task 'summarize'"):
         split_request(engine.context, "summarize", {}, 100)
+    with pytest.raises(ValueError, match="labels is empty"):  # not an IndexError from tokenizing no labels
+        split_request(engine.context, "classify", {"inputs": ["i"], "labels": []}, 100)
+    with pytest.raises(ValueError, match="top_n must be at least 1, got 0"):  # sub-requests do not see top_n
+        split_request(engine.context, "rerank", {"query": "q", "documents": ["d"], "top_n": 0}, 100)

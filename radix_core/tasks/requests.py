@@ -19,7 +19,7 @@ from radix_core.tasks.common import TaskContext, Usage, check_items
 from radix_core.tasks.config import TaskConfig
 from radix_core.tasks.embed import EmbedResult
 from radix_core.tasks.jobs import check_request
-from radix_core.tasks.rerank import RerankResult
+from radix_core.tasks.rerank import RerankResult, check_top_n
 from radix_core.tasks.scoring import ClassifyResult, ContinuationScore, ScoreResult
 from radix_core.tokenization import load_prompt_tokenizer
 
@@ -54,6 +54,10 @@ def split_request(context: TaskContext, task: str, request: Mapping[str, Any],
     check_request(task, request)
     key = ITEMS[task]
     check_items(key, request[key], context.config.max_items)
+    if task == "classify":  # tokenized for the estimate below, so checked first
+        check_items("labels", request["labels"], context.config.max_items)
+    if task == "rerank":  # lifted from the sub-requests below, so checked here
+        check_top_n(request.get("top_n"))
     costs = _item_tokens(context, task, request)
     parts, chunk, chunk_tokens = [], [], 0
     for item, cost in zip(request[key], costs):

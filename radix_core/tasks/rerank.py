@@ -76,8 +76,7 @@ def rerank_job(task_context: TaskContext, /, query: str, documents: Sequence[str
     """Score `documents` against `query`; see the module docstring for the score of each model kind."""
     check_text("query", query)
     check_items("documents", documents, task_context.config.max_items)
-    if top_n is not None and top_n < 1:
-        raise ValueError(f"top_n must be at least 1, got {top_n}")
+    check_top_n(top_n)
     if task_context.head not in ("causal_lm", "seq_cls"):
         raise ValueError(f"model {task_context.model!r} has no LM or score head, so it cannot rerank: use a "
                          f"causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
@@ -85,6 +84,12 @@ def rerank_job(task_context: TaskContext, /, query: str, documents: Sequence[str
     batch = encode_rerank(task_context, template, query, documents, instruction, truncate)
     return RerankJob(batch.sequences, task_context.model, _answer_ids(task_context, template), top_n, raw_scores,
                      list(documents) if return_documents else None)
+
+
+def check_top_n(top_n: int | None) -> None:
+    """None (every document) or at least 1."""
+    if top_n is not None and top_n < 1:
+        raise ValueError(f"top_n must be at least 1, got {top_n}")
 
 
 def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderPair, query: str,

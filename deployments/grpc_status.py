@@ -1,0 +1,49 @@
+"""The gRPC status of an error raised while answering a call: what the client did wrong, what it may retry, and
+what is the server's fault (logged here, answered with a short message and no stack trace).
+
+    INVALID_ARGUMENT    ValueError from validation, in the ingress or re-raised from the engine replica
+    RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests), the batcher's QueueFullError
+    UNAVAILABLE         engine deployment failed, its replica or actor died or is unreachable: retry shortly
+    INTERNAL            anything else
+
+An error raised in another Ray process arrives as a `RayTaskError` whose `cause` is the original exception (the
+error is also an instance of the cause's class, but its `str` is the remote stack trace), so the cause is
+classified and its own message is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+from deployments.batcher import QueueFullError
+
+logger = logging.getLogger("ray.serve")
+
+UNAVAILABLE_ERRORS = (DeploymentUnavailableError, ReplicaUnavailableError, RayActorError)
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The exception user code raised, through any number of `RayTaskError` wrappers."""
+    while isinstance(err, RayTaskError) and err.cause is not None:
+        err = err.cause
+    return err
+
+
+def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
+    """`(code, details)` for the client; an unexpected error is logged with its stack trace."""
+    cause = root_cause(err)
+    if isinstance(cause, BackPressureError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{cause.message} The engine is overloaded: retry with backoff."
+    if isinstance(cause, QueueFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(cause)
+    if isinstance(cause, UNAVAILABLE_ERRORS):
+        return grpc.StatusCode.UNAVAILABLE, (f"the engine is not available ({type(cause).__name__}): it is starting, "
+                                             "restarting or failed to deploy; retry shortly")
+    if isinstance(cause, ValueError) and not isinstance(cause, RayError):  # Ray's own ValueErrors are not the user's
+        return grpc.StatusCode.INVALID_ARGUMENT, str(cause)
+    logger.error("gRPC call failed unexpectedly", exc_info=err)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(cause).__name__}); the server logged the details"

@@ -1,0 +1,185 @@
+"""The gRPC pieces without a server: protobuf <-> library values, error -> status code, API keys, client retries."""
+
+from __future__ import annotations
+
+import inspect
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+from ray.exceptions import ActorAlreadyExistsError, ActorDiedError, RayTaskError
+from ray.serve._private.common import DeploymentID
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from deployments.auth import load_api_keys
+from deployments.batcher import QueueFullError
+from deployments.grpc_codec import RESPONSES, from_pb, info_to_pb, to_pb
+from deployments.grpc_status import status_of
+from radix_core import Engine
+from radix_core.tasks import (
+    ClassifyResult, ContinuationScore, EmbedResult, RerankHit, RerankResult, ScoreResult, Usage,
+)
+from radixserve.client import ScoringClient
+from radixserve.v1 import scoring_pb2 as pb
+
+REQUESTS = {"rerank": pb.RerankRequest, "embed": pb.EmbedRequest, "classify": pb.ClassifyRequest,
+            "score": pb.ScoreRequest}
+USAGE = Usage(input_tokens=40, computed_tokens=25)
+
+
+# --- codec ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("task", REQUESTS)
+def test_request_fields_are_the_library_arguments(task):
+    params = inspect.signature(getattr(Engine, task)).parameters
+    fields = REQUESTS[task].DESCRIPTOR.fields
+    assert {f.name for f in fields} == set(params) - {"self"}
+    for field in fields:  # an argument with a None default must be `optional` in the proto
+        if params[field.name].default is None:
+            assert field.has_presence, f"{task}.{field.name} defaults to None: declare it optional"
+
+
+def test_unset_optional_fields_leave_the_library_defaults():
+    assert from_pb(pb.RerankRequest(query="q", documents=["a", "b"])) == {
+        "query": "q", "documents": ["a", "b"], "return_documents": False, "raw_scores": False}
+    assert from_pb(pb.RerankRequest(query="q", documents=["a"], top_n=1, truncate=False, instruction="")) == {
+        "query": "q", "documents": ["a"], "top_n": 1, "truncate": False, "instruction": "", "return_documents": False,
+        "raw_scores": False}
+    assert from_pb(pb.EmbedRequest(texts=["t"], dimensions=8, pooling="mean")) == {
+        "texts": ["t"], "dimensions": 8, "pooling": "mean"}
+    assert from_pb(pb.ClassifyRequest(inputs=["i"], labels=["a", "b"])) == {
+        "inputs": ["i"], "labels": ["a", "b"], "prefix": ""}
+
+
+def test_results_become_responses():
+    rerank = to_pb("rerank", RerankResult([RerankHit(2, 0.9, "doc"), RerankHit(0, 0.1)], USAGE))
+    assert [(h.index, h.score, h.document, h.HasField("document")) for h in rerank.results] == [
+        (2, 0.9, "doc", True), (0, 0.1, "", False)]
+    assert (rerank.usage.input_tokens, rerank.usage.computed_tokens) == (40, 25)
+
+    vectors = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    embed = to_pb("embed", EmbedResult(vectors, USAGE))
+    np.testing.assert_array_equal(np.array([e.values for e in embed.embeddings], dtype=np.float32), vectors)
+
+    probabilities = np.array([[0.25, 0.75], [0.6, 0.4]])
+    classify = to_pb("classify", ClassifyResult(["yes", "no"], probabilities, USAGE))
+    assert list(classify.labels) == ["yes", "no"] and [r.label for r in classify.results] == ["no", "yes"]
+    np.testing.assert_array_equal([r.probabilities for r in classify.results], probabilities)
+
+    score = to_pb("score", ScoreResult([ContinuationScore(0, -3.0, -1.5, 2)], USAGE))
+    assert (score.scores[0].logprob, score.scores[0].mean_logprob, score.scores[0].num_tokens) == (-3.0, -1.5, 2)
+    assert [type(m) for m in (rerank, embed, classify, score)] == [RESPONSES[t] for t in REQUESTS]
+
+
+def test_info_dict_becomes_info_response():
+    info = {"model": "m", "version": "1.2", "tasks": ["rerank"], "radix": "auto", "radix_threshold": 0.9,
+            "family": "qwen3", "head": "causal_lm", "device": "cpu", "dtype": "float32", "attention": "torch",
+            "index_builder": "actor", "max_items": 8, "max_tokens_per_item": 512, "max_request_tokens": 100,
+            "max_batch_tokens": 200, "max_seq_len": 2048, "max_request_bytes": 1 << 20}
+    reply = info_to_pb(info)
+    assert (reply.model, reply.version, list(reply.tasks), reply.limits.max_request_bytes) == ("m", "1.2", ["rerank"],
+                                                                                               1 << 20)
+
+
+# --- status codes ---------------------------------------------------------------------------------------------------
+
+def remote(cause: Exception) -> Exception:
+    """`cause` as it arrives from another Ray process: a RayTaskError that is also an instance of the cause."""
+    return RayTaskError("submit", "Traceback (most recent call last):\n  ...", cause).as_instanceof_cause()
+
+
+@pytest.mark.parametrize("err, code, details", [
+    (ValueError("documents is empty: give at least one"), "INVALID_ARGUMENT", "documents is empty: give at least one"),
+    (remote(ValueError("query is empty")), "INVALID_ARGUMENT", "query is empty"),
+    (BackPressureError(num_queued_requests=3, max_queued_requests=2), "RESOURCE_EXHAUSTED", "max_queued_requests=2"),
+    (remote(QueueFullError("batch queue full: 9 requests waiting")), "RESOURCE_EXHAUSTED", "batch queue full"),
+    (DeploymentUnavailableError(DeploymentID("EngineReplica", "radixserve")), "UNAVAILABLE", "retry shortly"),
+    (ActorDiedError(), "UNAVAILABLE", "ActorDiedError"),
+    (RuntimeError("boom"), "INTERNAL", "internal error (RuntimeError)"),
+    (ActorAlreadyExistsError("x"), "INTERNAL", "ActorAlreadyExistsError"),  # a ValueError of Ray's, not the user's
+])
+def test_errors_map_to_status_codes_without_stack_traces(err, code, details):
+    got_code, got_details = status_of(err)
+    assert got_code.name == code and details in got_details
+    assert "Traceback" not in got_details
+
+
+# --- API keys -------------------------------------------------------------------------------------------------------
+
+def test_api_keys_from_file_and_env(tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# production\nkey-one\n\n  key-two  \n")
+    keys = load_api_keys(str(keys_file), "MY_KEYS", environ={"MY_KEYS": "key-three, key-four"})
+    for key in ("key-one", "key-two", "key-four"):
+        assert keys.refusal([("authorization", f"Bearer {key}")]) is None
+    assert keys.refusal([("authorization", "bearer key-three")]) is None  # the scheme in any case
+    assert keys.refusal([]).startswith("missing API key")
+    assert keys.refusal([("authorization", "key-one")]).startswith("missing API key")
+    assert keys.refusal([("authorization", "Bearer key-on")]) == "invalid API key"
+    assert load_api_keys(None, None).refusal([]) is None  # auth off
+
+
+@pytest.mark.parametrize("keys_file, env, message", [
+    ("missing", None, "cannot be read"),
+    ("empty", None, "holds no key"),
+    (None, {"MY_KEYS": " , "}, "unset or holds no key"),
+    (None, {}, "unset or holds no key"),
+])
+def test_a_configured_source_without_keys_refuses_to_start(tmp_path, keys_file, env, message):
+    (tmp_path / "empty").write_text("# nothing yet\n")
+    with pytest.raises(ValueError, match=message):
+        load_api_keys(str(tmp_path / keys_file) if keys_file else None, "MY_KEYS" if env is not None else None,
+                      environ=env or {})
+
+
+# --- client retries -------------------------------------------------------------------------------------------------
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode):
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._code.name
+
+
+class FakeStub:
+    """Answers Info with the queued errors first, then an InfoResponse; counts the attempts."""
+
+    def __init__(self, *errors: grpc.StatusCode):
+        self.errors = list(errors)
+        self.attempts = 0
+
+    def Info(self, request, timeout, metadata):
+        self.attempts += 1
+        if self.errors:
+            raise FakeRpcError(self.errors.pop(0))
+        return pb.InfoResponse(model="m", limits=pb.Limits(max_request_bytes=5))
+
+
+def test_client_retries_only_unavailable_and_resource_exhausted():
+    with ScoringClient("127.0.0.1:1", retries=3, backoff_s=0.001) as client:
+        client._stub = FakeStub(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        info = client.info()
+        assert client._stub.attempts == 3 and info["model"] == "m" and info["limits"]["max_request_bytes"] == 5
+        client._stub = FakeStub(grpc.StatusCode.INVALID_ARGUMENT)
+        with pytest.raises(grpc.RpcError) as caught:
+            client.info()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and client._stub.attempts == 1
+
+
+@pytest.mark.timeout(30)
+def test_client_gives_up_after_its_retries_with_backoff():
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    with ScoringClient(f"127.0.0.1:{port}", retries=2, backoff_s=0.1, timeout_s=5) as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.info()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - started >= 0.3  # backoff 0.1 + 0.2
