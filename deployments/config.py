@@ -158,8 +158,9 @@ class AppArgs(_Settings):
     api_keys_env: str | None = Field(
         None, description="Name of an environment variable holding comma-separated API keys (not the keys).")
     max_ongoing_requests: int = Field(
-        256, ge=1, description="Requests one engine replica accepts at once; beyond it the replica refuses and "
-                               "the router tries the next one, so keep it above a full batch's request count.")
+        256, ge=1, description="Requests one replica (engine or ingress) accepts at once; beyond it an engine "
+                               "replica refuses and the router tries the next one, so keep it above a full "
+                               "batch's request count.")
     max_queued_requests: int | None = Field(
         2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
                                 "error (Ray Serve's max_queued_requests); unset for no bound.")
@@ -217,7 +218,8 @@ class AppArgs(_Settings):
 
     def ingress_options(self) -> dict[str, Any]:
         """`Deployment.options()` for the ingress (CPU only)."""
-        return {**self.ingress_replicas.to_serve_options(), "ray_actor_options": {"num_cpus": self.ingress_cpus}}
+        return {**self.ingress_replicas.to_serve_options(), "max_ongoing_requests": self.max_ongoing_requests,
+                "ray_actor_options": {"num_cpus": self.ingress_cpus}}
 
 
 def resolve_accelerator(accelerator: str, cluster_gpus: float) -> Literal["gpu", "cpu"]:
