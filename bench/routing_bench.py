@@ -1,7 +1,8 @@
 """Routing and pipelining of the Ray Serve application, on a local Ray with a tiny model on the CPU.
 
-Stream: 32 queries x 64 documents, sent as 8-document rerank requests (256 requests) in shuffled order by
-concurrent clients through the ingress. Each configuration deploys the app afresh and sends the same stream:
+Stream: 32 queries x 64 documents as 8-document rerank requests (256 requests), sent through the ingress by
+concurrent clients either one request at a time in shuffled order (`shuffled`) or a query's 8 requests together
+(`bursts`). Each configuration deploys the app afresh and sends the same stream:
 
 * prefix routing (PrefixAffinityRouter) vs Ray Serve's default router, 4 engine replicas each: the batches'
   compression (rows computed / tokens, summed over every replica's IndexBuilder), throughput, and requests per
@@ -33,26 +34,39 @@ WORDS = ("radix tree prefix token batch replica query passage shared compute rou
          "attention layer sequence document search engine relevant answer question").split()
 
 
-def stream(seed: int = 0) -> list[dict]:
-    """256 rerank requests: 32 queries, each with 64 documents in 8 requests of 8; shuffled."""
+def queries(seed: int = 0) -> list[list[dict]]:
+    """32 queries, each as its 8 rerank requests of 8 documents (64 documents per query)."""
     rng = random.Random(seed)
     text = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
-    requests = []
+    groups = []
     for q in range(32):
         query = f"question {q}: " + text(rng.randint(6, 14))
         documents = [text(rng.randint(30, 90)) for _ in range(64)]
-        requests += [{"query": query, "documents": documents[i:i + 8]} for i in range(0, 64, 8)]
-    rng.shuffle(requests)
-    return requests
+        groups.append([{"query": query, "documents": documents[i:i + 8]} for i in range(0, 64, 8)])
+    return groups
 
 
-async def send(handle, requests: list[dict], clients: int) -> float:
-    """Seconds to serve every request with `clients` concurrent senders."""
-    queue = list(requests)
+def shuffled(groups: list[list[dict]], seed: int = 1) -> list[list[dict]]:
+    """Every request on its own, in shuffled order (a query's requests spread over the whole run)."""
+    units = [[request] for group in groups for request in group]
+    random.Random(seed).shuffle(units)
+    return units
+
+
+def bursts(groups: list[list[dict]], seed: int = 1) -> list[list[dict]]:
+    """Each query's 8 requests sent together (a client splitting 64 documents), queries in shuffled order."""
+    units = list(groups)
+    random.Random(seed).shuffle(units)
+    return units
+
+
+async def send(handle, units: list[list[dict]], clients: int) -> float:
+    """Seconds to serve every unit; each of `clients` senders sends one unit's requests concurrently at a time."""
+    queue = list(units)
 
     async def client():
         while queue:
-            await handle.rerank.remote(queue.pop())
+            await asyncio.gather(*(handle.rerank.remote(request) for request in queue.pop()))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
@@ -64,17 +78,17 @@ def builder_stats() -> list[dict]:
     return ray.get([ray.get_actor(a["name"], namespace=a["namespace"]).stats.remote() for a in names])
 
 
-def run_config(model_dir: str, requests: list[dict], clients: int, replicas: int, policy: str,
+def run_config(model_dir: str, units: list[list[dict]], clients: int, replicas: int, policy: str,
                index_builder: str) -> dict:
     args = {"model": model_dir, "engine_replicas": replicas, "engine_cpus": 1.5 / replicas, "ingress_cpus": 0.25,
             "router": {"policy": policy}, "index_builder": index_builder, "batch_wait_timeout_s": 0.02}
     handle = serve.run(build(args), name="radixserve", route_prefix=None)
-    asyncio.run(send(handle, requests[:16], clients))  # warm-up: replicas loaded, routers' caches filled
+    asyncio.run(send(handle, units[:2], clients))  # warm-up: replicas loaded, routers' caches filled
     warm = builder_stats() if index_builder == "actor" else []
-    seconds = asyncio.run(send(handle, requests, clients))
+    seconds = asyncio.run(send(handle, units, clients))
     stats = builder_stats() if index_builder == "actor" else []
     serve.delete("radixserve")
-    row = {"seconds": seconds, "docs_per_s": sum(len(r["documents"]) for r in requests) / seconds}
+    row = {"seconds": seconds, "docs_per_s": sum(len(r["documents"]) for u in units for r in u) / seconds}
     if stats:
         delta = [{k: s[k] - w.get(k, 0) for k in s} for s, w in zip(stats, warm or [{}] * len(stats))]
         per_replica = [d["requests"] for d in delta]
@@ -90,41 +104,47 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "routing_bench.md")
     args = parser.parse_args()
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny-reranker", "qwen3", "causal_lm"))
-    requests = stream()
+    groups = queries()
+    streams = {"shuffled": (shuffled(groups), args.clients), "bursts": (bursts(groups), max(1, args.clients // 8))}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
     serve.start(proxy_location="Disabled")
-    configs = {
-        "prefix routing, 4 replicas": (4, "prefix_affinity", "actor"),
-        "default router, 4 replicas": (4, "power_of_two", "actor"),
-        "one replica": (1, "prefix_affinity", "actor"),
-        "one replica, index built inline": (1, "prefix_affinity", "inline"),
-    }
+    configs = [(stream, label, replicas, policy, builder)
+               for stream in streams
+               for label, replicas, policy, builder in (("prefix routing, 4 replicas", 4, "prefix_affinity", "actor"),
+                                                        ("default router, 4 replicas", 4, "power_of_two", "actor"),
+                                                        ("one replica", 1, "prefix_affinity", "actor"))]
+    configs.append(("shuffled", "one replica, index built inline", 1, "prefix_affinity", "inline"))
     results = {}
-    for name, (replicas, policy, builder) in configs.items():
-        results[name] = run_config(model_dir, requests, args.clients, replicas, policy, builder)
-        print(name, results[name], flush=True)
+    for stream, label, replicas, policy, builder in configs:
+        units, clients = streams[stream]
+        results[stream, label] = run_config(model_dir, units, clients, replicas, policy, builder)
+        print(stream, label, results[stream, label], flush=True)
     serve.shutdown()
     ray.shutdown()
     write_report(results, args)
 
 
 def write_report(results: dict, args) -> None:
-    single = results["one replica"]["compression"]
-    rows = ["| configuration | N'/N | vs one replica | batches | requests per replica | max/mean | docs/s |",
-            "|---|---|---|---|---|---|---|"]
-    for name, r in results.items():
+    rows = ["| stream | configuration | N'/N | vs one replica | batches | requests per replica | max/mean | docs/s |",
+            "|---|---|---|---|---|---|---|---|"]
+    for (stream, label), r in results.items():
         if "compression" in r:
-            rows.append(f"| {name} | {r['compression']:.3f} | {single / r['compression']:.2f} | {r['batches']} | "
-                        f"{r['requests']} | {r['max_over_mean']:.2f} | {r['docs_per_s']:.0f} |")
+            single = results[stream, "one replica"]["compression"]
+            rows.append(f"| {stream} | {label} | {r['compression']:.3f} | {single / r['compression']:.2f} | "
+                        f"{r['batches']} | {r['requests']} | {r['max_over_mean']:.2f} | {r['docs_per_s']:.0f} |")
         else:
-            rows.append(f"| {name} | | | | | | {r['docs_per_s']:.0f} |")
-    pipelined = results["one replica"]["docs_per_s"] / results["one replica, index built inline"]["docs_per_s"]
+            rows.append(f"| {stream} | {label} | | | | | | {r['docs_per_s']:.0f} |")
+    pipelined = (results["shuffled", "one replica"]["docs_per_s"]
+                 / results["shuffled", "one replica, index built inline"]["docs_per_s"])
     text = (f"# Routing and pipelining\n\nCommand: `python bench/routing_bench.py --clients {args.clients}` "
-            "(tiny Qwen3 reranker, CPU, 2 cores, 256 requests of 8 documents from 32 queries, shuffled).\n\n"
-            "`vs one replica` is the single replica's N'/N divided by this one's (1.0 = as much sharing as one "
-            "replica finds; the target for prefix routing is >= 0.9).\n\n" + "\n".join(rows)
-            + f"\n\nPipelined IndexBuilder vs inline build, one replica: {pipelined:.2f}x throughput.\n")
+            "(tiny Qwen3 reranker, CPU, 2 cores; 32 queries x 64 documents as 256 rerank requests of 8 documents; "
+            "`shuffled`: every request alone in shuffled order from the clients; `bursts`: each query's 8 requests "
+            "sent together, clients / 8 senders).\n\n"
+            "`vs one replica` is the single replica's N'/N divided by this one's on the same stream (1.0 = as much "
+            "sharing as one replica finds; the target for prefix routing is >= 0.9).\n\n" + "\n".join(rows)
+            + f"\n\nPipelined IndexBuilder vs inline build, one replica, shuffled stream: {pipelined:.2f}x "
+              "throughput.\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
