@@ -158,9 +158,11 @@ class AppArgs(_Settings):
     api_keys_env: str | None = Field(
         None, description="Name of an environment variable holding comma-separated API keys (not the keys).")
     max_ongoing_requests: int = Field(
-        256, ge=1, description="Requests one replica (engine or ingress) accepts at once; beyond it an engine "
-                               "replica refuses and the router tries the next one, so keep it above a full "
-                               "batch's request count.")
+        256, ge=1, description="Requests one engine replica accepts at once; beyond it the replica refuses and "
+                               "the router tries the next one, so keep it above a full batch's request count.")
+    ingress_max_ongoing_requests: int = Field(
+        1024, ge=1, description="Requests one ingress replica handles at once (each mostly awaits the engine); "
+                                "beyond it the proxy queues them.")
     max_queued_requests: int | None = Field(
         2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
                                 "error (Ray Serve's max_queued_requests); unset for no bound.")
@@ -218,7 +220,7 @@ class AppArgs(_Settings):
 
     def ingress_options(self) -> dict[str, Any]:
         """`Deployment.options()` for the ingress (CPU only)."""
-        return {**self.ingress_replicas.to_serve_options(), "max_ongoing_requests": self.max_ongoing_requests,
+        return {**self.ingress_replicas.to_serve_options(), "max_ongoing_requests": self.ingress_max_ongoing_requests,
                 "ray_actor_options": {"num_cpus": self.ingress_cpus}}
 
 

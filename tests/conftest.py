@@ -37,3 +37,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         return built[key]
 
     return get
+
+
+def start_local_ray() -> None:
+    """The 2-CPU loopback Ray the serve tests run on. Ray waits a fixed 30 s for a new raylet to register; the
+    first start on a fresh install, under load, can take longer, so a start that timed out is retried once."""
+    import ray
+
+    for attempt in range(2):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as err:  # Ray raises a bare Exception for this timeout
+            ray.shutdown()
+            if attempt or "timed out during startup" not in str(err):
+                raise

@@ -118,5 +118,5 @@ def test_engine_and_ingress_options():
     engine = args.engine_options(cluster_gpus=0)
     assert engine["num_replicas"] == 2 and engine["max_queued_requests"] == -1
     assert engine["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0}
-    assert args.ingress_options() == {"num_replicas": 3, "max_ongoing_requests": args.max_ongoing_requests,
+    assert args.ingress_options() == {"num_replicas": 3, "max_ongoing_requests": args.ingress_max_ongoing_requests,
                                       "ray_actor_options": {"num_cpus": 0.25}}

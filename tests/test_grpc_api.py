@@ -30,6 +30,7 @@ from radix_core.tasks import TASKS
 from radixserve import cli
 from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
+from conftest import start_local_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
@@ -63,7 +64,7 @@ class Deployment:
         self.current = None
 
     def start(self) -> None:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray()
         serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
                     http_options={"host": "127.0.0.1", "port": free_port()})
 

@@ -13,6 +13,7 @@ from ray.serve.request_router import PendingRequest
 
 from deployments.hash_ring import HashRing
 from deployments.router import PrefixAffinityRouter
+from conftest import start_local_ray
 
 DEPLOYMENT = DeploymentID(name="engine", app_name="radixserve")
 VNODES = 64
@@ -171,7 +172,7 @@ def replicas_per_key(handle) -> dict[str, Counter]:
 
 @pytest.fixture
 def local_serve():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray()
     try:
         serve.start(proxy_location="Disabled")
         yield

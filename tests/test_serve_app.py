@@ -10,6 +10,7 @@ from ray import serve
 
 from deployments.app import build
 from radix_core import Engine
+from conftest import start_local_ray
 
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * (i % 5)}" for i in range(12)]
 QUERY = "what is a radix tree"
@@ -23,7 +24,7 @@ def model_dir(tiny_model_dir):
 @pytest.fixture(scope="module")
 def app(model_dir):
     """Two engine replicas and the ingress on a 2-CPU local Ray; small sub-requests force splitting."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray()
     try:
         serve.start(proxy_location="Disabled")
         handle = serve.run(build({"model": model_dir, "engine_replicas": 2, "engine_cpus": 0.5, "ingress_cpus": 0.5,
