@@ -39,9 +39,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
     return get
 
 
-def start_local_ray() -> None:
-    """The 2-CPU loopback Ray the serve tests run on. Ray waits a fixed 30 s for a new raylet to register; the
-    first start on a fresh install, under load, can take longer, so a start that timed out is retried once."""
+@pytest.fixture(scope="session")
+def start_local_ray() -> Callable[[], None]:
+    """`start_local_ray()` starts the 2-CPU loopback Ray a serve test runs on (the test shuts it down)."""
+    return _start_local_ray
+
+
+def _start_local_ray() -> None:
+    """Ray waits a fixed 30 s for a new raylet to register; the first start on a fresh install, under load, can
+    take longer, so a start that timed out is retried once."""
     import ray
 
     for attempt in range(2):

@@ -30,7 +30,6 @@ from radix_core.tasks import TASKS
 from radixserve import cli
 from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
-from conftest import start_local_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
@@ -63,7 +62,7 @@ class Deployment:
         self.stub = ScoringStub(self.channel)
         self.current = None
 
-    def start(self) -> None:
+    def start(self, start_local_ray) -> None:
         start_local_ray()
         serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
                     http_options={"host": "127.0.0.1", "port": free_port()})
@@ -104,12 +103,12 @@ def model_dir(tiny_model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployment(model_dir, tmp_path_factory):
+def deployment(model_dir, tmp_path_factory, start_local_ray):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text("# test keys\n" + "\n".join(KEYS) + "\n")
     served = Deployment(model_dir, keys_file)
     try:
-        served.start()
+        served.start(start_local_ray)
         yield served
     finally:
         served.stop()

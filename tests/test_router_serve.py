@@ -13,7 +13,6 @@ from ray.serve.request_router import PendingRequest
 
 from deployments.hash_ring import HashRing
 from deployments.router import PrefixAffinityRouter
-from conftest import start_local_ray
 
 DEPLOYMENT = DeploymentID(name="engine", app_name="radixserve")
 VNODES = 64
@@ -171,7 +170,7 @@ def replicas_per_key(handle) -> dict[str, Counter]:
 
 
 @pytest.fixture
-def local_serve():
+def local_serve(start_local_ray):
     start_local_ray()
     try:
         serve.start(proxy_location="Disabled")

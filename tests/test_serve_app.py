@@ -10,7 +10,6 @@ from ray import serve
 
 from deployments.app import build
 from radix_core import Engine
-from conftest import start_local_ray
 
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * (i % 5)}" for i in range(12)]
 QUERY = "what is a radix tree"
@@ -22,7 +21,7 @@ def model_dir(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def app(model_dir):
+def app(model_dir, start_local_ray):
     """Two engine replicas and the ingress on a 2-CPU local Ray; small sub-requests force splitting."""
     start_local_ray()
     try:
