@@ -14,7 +14,7 @@ import torch
 
 from radix_core.architectures import Architecture
 from radix_core.attention import AttentionBackend, AttentionMetadata
-from radix_core.index import RadixIndex
+from radix_core.index import RadixIndex, sequence_positions
 
 
 @dataclass
@@ -41,13 +41,12 @@ class BatchPlan:
 def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.device) -> BatchPlan:
     """`off`: every original token is a row, attention per sequence in place."""
     lengths = np.diff(cu_seqlens)  # (B,)
-    positions = np.arange(cu_seqlens[-1]) - np.repeat(cu_seqlens[:-1], lengths)  # (N,)
     cu = torch.as_tensor(cu_seqlens, dtype=torch.int32, device=device)
     max_len = int(lengths.max())
     return BatchPlan(
         mode="off",
         row_ids=_long(input_ids, device),
-        row_positions=_long(positions, device),
+        row_positions=_long(sequence_positions(cu_seqlens), device),
         row_of_token=torch.arange(int(cu_seqlens[-1]), device=device),
         cu_seqlens=cu_seqlens,
         cu_rows=cu_seqlens,

@@ -70,11 +70,6 @@ class RadixIndex:
         return self.cu_seqlens
 
     @property
-    def block_start(self) -> np.ndarray:
-        """(B,) first compact index each sequence adds to the trie."""
-        return self.cu_seqlens_q[:-1]
-
-    @property
     def block_len(self) -> np.ndarray:
         """(B,) compact tokens each sequence adds (0 for an exact duplicate or a prefix of an earlier one)."""
         return np.diff(self.cu_seqlens_q)
@@ -113,7 +108,7 @@ def build_radix_index(input_ids, cu_seqlens, position_ids=None, *, backend: str 
     ids = _as_uint32(input_ids, "input_ids")
     cu = _as_uint32(cu_seqlens, "cu_seqlens")
     _check_cu_seqlens(cu, ids.shape[0])
-    pos = _default_positions(cu) if position_ids is None else _as_uint32(position_ids, "position_ids")
+    pos = sequence_positions(cu) if position_ids is None else _as_uint32(position_ids, "position_ids")
     if pos.shape[0] != ids.shape[0]:
         raise ValueError(f"position_ids has {pos.shape[0]} entries but input_ids has {ids.shape[0]}")
     compact_ids, compact_pos, scatter, fold_gather = _fold_and_scatter(ids, pos, cu, backend)
@@ -180,7 +175,7 @@ def _check_cu_seqlens(cu: np.ndarray, num_tokens: int) -> None:
     raise ValueError(f"cu_seqlens must end at the number of tokens {num_tokens}, got {int(cu[-1])}")
 
 
-def _default_positions(cu: np.ndarray) -> np.ndarray:
-    """(N,) positions 0..L_s-1 within each sequence."""
+def sequence_positions(cu: np.ndarray) -> np.ndarray:
+    """(N,) positions 0..L_s-1 within each sequence, from `cu_seqlens` `(B+1,)`."""
     starts = np.repeat(cu[:-1], np.diff(cu))  # (N,) start of each token's sequence
     return np.arange(cu[-1], dtype=np.uint32) - starts
