@@ -6,8 +6,10 @@ with any rope scaling, MLP, heads) and only replace the batch orchestration and 
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -58,7 +60,7 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> A
     try:
         loaded = HEADS[head].from_pretrained(model, dtype=dtype)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"could not load the weights of model {model!r}: {err}") from err
+        raise model_load_error(model, "weights", err) from err
     loaded.to(device).eval().requires_grad_(False)
     base = loaded if head == "base" else loaded.model
     first_attn = base.layers[0].self_attn
@@ -81,16 +83,56 @@ def load_config(model: str) -> PretrainedConfig:
     try:
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(
-            f"could not load model {model!r}: {err}. Give a local directory holding config.json and the weights "
-            f"(for the server: set RADIXSERVE_MODEL=/path/to/model), or make sure the hub id is right and reachable."
-        ) from err
+        raise model_load_error(model, "config", err) from err
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ModelLoadError(
             f"model {model!r} is a {config.model_type!r} model; radixserve supports the "
             f"{', '.join(SUPPORTED_FAMILIES)} families"
         )
     return config
+
+
+def model_load_error(model: str, part: str, err: Exception) -> ModelLoadError:
+    """The error for transformers failing to load `part` ("config", "weights", "tokenizer") of `model`.
+
+    transformers treats anything that is not an existing directory as a hub id, so a mistyped path surfaces as
+    a hub message ("Repo id must be in the form ...", "couldn't connect to huggingface.co"). This says which of
+    the cases it was (a path that does not exist, a path that is not a model directory, a directory whose files
+    could not be read, a hub id that could not be fetched) and how to fix it.
+    """
+    path = Path(model).expanduser()
+    fix = "(for the server: RADIXSERVE_MODEL=/path/to/model, a directory that exists on every Ray node)"
+    if path.is_dir() and not (path / "config.json").is_file():
+        return ModelLoadError(
+            f"model {model!r} is not a model directory: it has no config.json. Give the directory that holds "
+            f"config.json and the weights {fix}, e.g. a snapshot under $HF_HOME/hub/models--ORG--NAME/snapshots/")
+    if path.is_dir():
+        return ModelLoadError(
+            f"could not read the {part} of model directory {model!r}: {_first_line(err)}. The directory has "
+            f"config.json; check that its {part} files are complete and readable (download it again if not)")
+    if path.exists():
+        return ModelLoadError(f"model {model!r} is a file, not a model directory: give the directory that holds "
+                              f"config.json and the weights {fix}")
+    if _looks_like_path(model):
+        return ModelLoadError(
+            f"model path {model!r} does not exist (resolved to {path.absolute()}). Fix the path {fix}")
+    offline = " HF_HUB_OFFLINE is set, so only models already in the Hugging Face cache load." \
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") else ""
+    return ModelLoadError(
+        f"model {model!r} is not a local directory, and as a Hugging Face hub id its {part} could not be loaded: "
+        f"{_first_line(err)}.{offline} Check the id's spelling and that huggingface.co is reachable, or download "
+        f"it (`hf download {model}`) and give the local directory {fix}")
+
+
+def _looks_like_path(model: str) -> bool:
+    """Hub ids are `name` or `org/name`; anything absolute, relative-dotted, home-based or deeper is a path."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1
+
+
+def _first_line(err: Exception, limit: int = 300) -> str:
+    """The first line of an exception's message, at most `limit` characters (hub errors run to paragraphs)."""
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def head_of(config: PretrainedConfig) -> str:
