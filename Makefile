@@ -15,7 +15,7 @@ $(BIN)/radixserve: pyproject.toml
 install: $(BIN)/radixserve
 
 serve: install
-	$(BIN)/serve run serve_config.yaml
+	$(BIN)/radixserve serve serve_config.yaml
 
 test: install
 	$(BIN)/python -m pytest -q

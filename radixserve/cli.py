@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from radixserve.launcher import add_subcommand as _add_serve
+
 TINY_ARCHS = ("qwen3", "qwen2", "llama", "mistral")
 TINY_HEADS = ("causal_lm", "seq_cls", "base")
 TINY_PRESETS = ("tiny", "small", "bench")
@@ -172,7 +174,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_SUBCOMMANDS = (_add_make_tiny_model, _add_rerank, _add_embed, _add_classify, _add_score, _add_info)
+_SUBCOMMANDS = (_add_make_tiny_model, _add_rerank, _add_embed, _add_classify, _add_score, _add_info, _add_serve)
 
 if __name__ == "__main__":
     sys.exit(main())

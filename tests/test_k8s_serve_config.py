@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import MODEL_ENV, AppArgs
+from radixserve.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -226,3 +228,36 @@ def test_pods_outlive_graceful_shutdown():
     assert rs["spec"]["rayClusterDeletionDelaySeconds"] > longest
     for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         assert group["template"]["spec"]["terminationGracePeriodSeconds"] > longest, group["groupName"]
+
+
+def prestop_drain(container: dict[str, Any]) -> tuple[int, int]:
+    """(drain deadline, sleep bound) in seconds of a worker's preStop `ray drain-node ...; sleep N` hook."""
+    script = container["lifecycle"]["preStop"]["exec"]["command"][-1]
+    drain = re.search(r"ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION .*--deadline-remaining-seconds (\d+)",
+                      script)
+    sleep = re.search(r";\s*sleep (\d+)\s*$", script)
+    assert drain and sleep, f"preStop must drain the node, then wait a bounded time: {script!r}"
+    return int(drain.group(1)), int(sleep.group(1))
+
+
+def test_worker_prestop_drains_within_the_grace_period():
+    longest = max(d["graceful_shutdown_timeout_s"] for d in k8s_app()["deployments"])
+    for group in rayservice()["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        spec = group["template"]["spec"]
+        for container in spec["containers"]:
+            deadline, sleep = prestop_drain(container)
+            assert longest < sleep <= deadline <= spec["terminationGracePeriodSeconds"], \
+                f"{group['groupName']}: graceful_shutdown_timeout_s {longest} < preStop wait {sleep} <= drain " \
+                f"deadline {deadline} <= terminationGracePeriodSeconds {spec['terminationGracePeriodSeconds']}"
+
+
+def test_grpc_message_limit_env_agrees_with_max_request_bytes():
+    """The proxy's limit sits ENVELOPE_BYTES above max_request_bytes, the same on every Ray pod as locally."""
+    expected = str(grpc_message_limit(serve_config()["applications"][0]["args"]["max_request_bytes"]))
+    assert k8s_app()["args"]["max_request_bytes"] == serve_config()["applications"][0]["args"]["max_request_bytes"]
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    for template in [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]:
+        for container in template["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env.get(GRPC_MESSAGE_SIZE_ENV) == expected, \
+                f"{container['name']}: {GRPC_MESSAGE_SIZE_ENV} must be {expected} (max_request_bytes + envelope)"

@@ -1,0 +1,271 @@
+"""`radixserve serve [CONFIG]`: Ray Serve's own `serve run CONFIG`, with the checks and the shutdown it lacks.
+
+`serve run` alone (Ray 2.60) shares ports silently (its proxies bind with SO_REUSEPORT, so a second one splits
+traffic with the first), lets the gRPC proxy take 2 GiB messages, keeps running after the application failed to
+deploy, and on SIGTERM tears everything down with requests in flight. This launcher, in order:
+
+1. validates the config (Ray's `ServeDeploySchema`, and `AppArgs` for radixserve applications);
+2. refuses to start when the HTTP or gRPC port is taken, naming the port, the process holding it and the fix;
+3. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `max_request_bytes` (unless set): Ray reads it when its proxy
+   imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
+4. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command;
+5. follows the applications: DEPLOY_FAILED prints Ray's deploy error, shuts down and exits 1;
+6. on SIGTERM or Ctrl-C drains: deletes the applications, so their replicas take no new requests and finish the
+   ones they hold (each deployment's `graceful_shutdown_timeout_s`, bounded here by `--drain-timeout`), while
+   the proxies stay up to deliver the answers; then shuts Serve and Ray down and exits 0. A second signal stops
+   at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+GRPC_MESSAGE_SIZE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"
+# The proxy's limit sits this far above max_request_bytes so the ingress's own RESOURCE_EXHAUSTED (naming
+# max_request_bytes) answers messages just over it; gRPC's framing adds 5 bytes, metadata travels separately.
+ENVELOPE_BYTES = 64 * 1024
+APP_IMPORT_PATH = "deployments.app:build"
+DEFAULT_HTTP = ("127.0.0.1", 8000)  # Ray's defaults when the config leaves http_options out
+DEFAULT_GRPC_PORT = 9000
+POLL_S = 1.0
+# Above the deployments' graceful_shutdown_timeout_s (Ray's default 20 s) so Ray's own bound ends a drain first.
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+class LaunchError(RuntimeError):
+    """The server cannot start as configured; the message says why and what to change."""
+
+
+def serve(config_path: str, drain_timeout_s: float) -> int:
+    """Run CONFIG until it fails to deploy (exit 1) or a signal drains it (exit 0)."""
+    config = load_config(config_path)
+    check_ports_free(config, config_path)
+    set_grpc_message_limit(config)
+    stop = StopSignals()
+    stop.install()
+    _start_serve(config_path, stop)
+    names = [app["name"] for app in config["applications"]]
+    failure = _wait_for_stop_or_failure(names, stop)
+    if failure:
+        print(failure, file=sys.stderr, flush=True)
+    else:
+        _drain(names, drain_timeout_s, stop)
+    _shutdown()
+    return 1 if failure else 0
+
+
+def load_config(config_path: str) -> dict[str, Any]:
+    """The YAML, checked by Ray's schema and, for radixserve applications, by `AppArgs` (as `build` will)."""
+    import yaml
+    from pydantic import ValidationError
+    from ray.serve.schema import ServeDeploySchema
+
+    from deployments.config import AppArgs
+
+    path = Path(config_path)
+    if not path.is_file():
+        raise LaunchError(f"config file {config_path!r} does not exist; give the path of a Serve config such as "
+                          f"serve_config.yaml")
+    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        config = ServeDeploySchema.model_validate(raw).model_dump(mode="json")
+        for app in config["applications"]:
+            if app["import_path"] == APP_IMPORT_PATH:
+                app["args"] = AppArgs.model_validate(app["args"]).model_dump(mode="json")
+    except ValidationError as err:
+        raise LaunchError(f"{config_path}: {err}") from err
+    return config
+
+
+def listening_addresses(config: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(config key, host, port) of each port the proxies will bind: HTTP always, gRPC when it has servicers."""
+    http = config.get("http_options") or {}
+    grpc = config.get("grpc_options") or {}
+    addresses = [("http_options.port", http.get("host") or DEFAULT_HTTP[0], http.get("port") or DEFAULT_HTTP[1])]
+    if grpc.get("grpc_servicer_functions"):
+        addresses.append(("grpc_options.port", "::", grpc.get("port") or DEFAULT_GRPC_PORT))
+    return addresses
+
+
+def check_ports_free(config: dict[str, Any], config_path: str) -> None:
+    """Bind each port once, without SO_REUSEPORT (which Ray's proxies set, so they would share it)."""
+    for key, host, port in listening_addresses(config):
+        if _port_is_free(host, port):
+            continue
+        holder = _listener_of(port)
+        raise LaunchError(
+            f"port {port} ({key} in {config_path}) is already in use{f' by {holder}' if holder else ''}: another "
+            f"radixserve/serve run (or a Ray cluster running Serve) is listening there, and a second server would "
+            f"share the port and split its traffic. Stop that one first (Ctrl-C or SIGTERM for a launcher; "
+            f"`ray stop` for a cluster started with `ray start`), or serve on another port by changing {key}.")
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    """SO_REUSEADDR only: a port left in TIME_WAIT is free, one with a listener (any address) is not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # no IPv6 on this machine: gRPC binds IPv4 only
+        return _port_is_free("0.0.0.0", port)
+    with sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual stack, as gRPC's [::]
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return False
+            raise LaunchError(f"cannot bind {host}:{port} to check it is free: {err}") from err
+    return True
+
+
+def _listener_of(port: int) -> str | None:
+    """'pid N (command)' of a process of this user listening on `port`, from /proc; None when not visible."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"pid {proc.name} ({command[:80]})"
+        except OSError:
+            continue
+    return None
+
+
+def set_grpc_message_limit(config: dict[str, Any]) -> None:
+    """`RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` = the largest `max_request_bytes` + ENVELOPE_BYTES, unless already set."""
+    limits = [app["args"]["max_request_bytes"] for app in config["applications"]
+              if app["import_path"] == APP_IMPORT_PATH]
+    if limits and GRPC_MESSAGE_SIZE_ENV not in os.environ:
+        os.environ[GRPC_MESSAGE_SIZE_ENV] = str(grpc_message_limit(max(limits)))
+
+
+def grpc_message_limit(max_request_bytes: int) -> int:
+    """The proxy's gRPC message limit for an ingress accepting `max_request_bytes` (gRPC's own cap is 2 GiB - 1)."""
+    return min(max_request_bytes + ENVELOPE_BYTES, 2**31 - 1)
+
+
+class StopSignals:
+    """SIGTERM and SIGINT: the first asks for a drain (`requested` is set), a second for stopping at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.requested = threading.Event()
+        self.count = 0
+
+    def install(self) -> None:
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count > 1:
+            print(f"radixserve: {signal.Signals(signum).name} again: stopping now", file=sys.stderr, flush=True)
+        self.requested.set()
+
+
+def _start_serve(config_path: str, stop: StopSignals) -> None:
+    """Connect to (or start) Ray, then put back our handlers over the ones `ray.init` sets; then `serve run`."""
+    import ray
+    from ray.serve._private.constants import SERVE_NAMESPACE
+    from ray.serve.scripts import run
+
+    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace=SERVE_NAMESPACE)
+    stop.install()
+    run.main(args=[config_path, "--non-blocking"], prog_name="serve run", standalone_mode=False)
+
+
+def _wait_for_stop_or_failure(names: list[str], stop: StopSignals) -> str | None:
+    """Block until a signal (None) or an application in DEPLOY_FAILED (its error, for stderr)."""
+    from ray import serve
+
+    reported: dict[str, str] = {}
+    while not stop.requested.wait(POLL_S):
+        statuses = serve.status().applications
+        for name in names:
+            app = statuses.get(name)
+            status = app.status.value if app else "NOT_STARTED"
+            if status != reported.get(name):
+                reported[name] = status
+                print(f"radixserve: application {name!r} is {status}", flush=True)
+            if status == "DEPLOY_FAILED":
+                return deploy_failure(name, app)
+    return None
+
+
+def deploy_failure(name: str, app: Any) -> str:
+    """Ray's deploy errors (the application's and each failed deployment's, tracebacks with the cause last),
+    then each cause again on one line, last, where one reads first."""
+    messages = [app.message] + [d.message for _, d in sorted(app.deployments.items())
+                                if d.status.value in ("DEPLOY_FAILED", "UNHEALTHY")]
+    messages = [m.strip() for m in messages if m and m.strip()] or ["Ray gave no message; see the Serve logs"]
+    causes = dict.fromkeys(m.splitlines()[-1].strip() for m in messages)
+    return "\n".join(messages + [f"radixserve: application {name!r} failed to deploy:"]
+                     + [f"  {cause}" for cause in causes]
+                     + ["Fix that and start again (the full errors are above); stopping."])
+
+
+def _drain(names: list[str], timeout_s: float, stop: StopSignals) -> None:
+    """Delete the applications (replicas finish what they hold) and wait until they are gone or `timeout_s`."""
+    from ray import serve
+
+    print(f"radixserve: draining: no new requests; in-flight ones get up to {timeout_s:g} s", flush=True)
+    for name in names:
+        serve.delete(name, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and stop.count < 2:
+        remaining = set(names) & set(serve.status().applications)
+        if not remaining:
+            print("radixserve: drained", flush=True)
+            return
+        time.sleep(min(POLL_S / 4, max(0.0, deadline - time.monotonic())))
+    print(f"radixserve: applications still stopping after {timeout_s:g} s; stopping them now", file=sys.stderr,
+          flush=True)
+
+
+def _shutdown() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def add_subcommand(subparsers: Any) -> None:
+    """`radixserve serve [CONFIG] [--drain-timeout S]`, registered by radixserve.cli."""
+    parser = subparsers.add_parser(
+        "serve", help="run the server: serve run CONFIG, with port checks, a drain on SIGTERM, exit 1 on a failed "
+                      "deploy",
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", default="serve_config.yaml", help="Serve config (default: %(default)s)")
+    parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S, metavar="S",
+                        help="longest wait for in-flight requests after SIGTERM/Ctrl-C (default: %(default)s)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return serve(args.config, args.drain_timeout)
+    except LaunchError as err:
+        print(f"radixserve serve: {err}", file=sys.stderr)
+        return 2

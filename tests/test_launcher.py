@@ -1,0 +1,231 @@
+"""`radixserve serve` (radixserve/launcher.py): what it refuses before Ray starts (taken ports, bad args), the gRPC
+message limit it hands Ray, and on a real local Ray: SIGTERM lets in-flight requests finish, the proxy refuses
+oversized messages, a model that cannot load ends the launcher with status 1 and the load error.
+
+The serve tests run the launcher as a subprocess (its own local Ray under a private RAY_TMPDIR, free ports), so
+they never touch another test's cluster; each bounds its waits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from radixserve import launcher
+from radixserve.launcher import ENVELOPE_BYTES, GRPC_MESSAGE_SIZE_ENV, LaunchError
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 240  # a local Ray plus two replicas on a busy 2-core machine
+MAX_REQUEST_BYTES = 200_000
+ACCESS_LINE = re.compile(r" -- .*\bOK [0-9.]+ms$", re.MULTILINE)  # Ray's "CALL rerank OK 12.3ms"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_config(path: Path, http_port: int, grpc_port: int, **args) -> Path:
+    """serve_config.yaml with the given ports and args changed."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"], config["grpc_options"]["port"] = http_port, grpc_port
+    config["applications"][0]["args"].update(args)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def listen_like_ray(port: int) -> socket.socket:
+    """A listener with SO_REUSEPORT, as Ray's proxies bind: a second such bind would succeed and share the port."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::", port))
+    sock.listen()
+    return sock
+
+
+# --- before Ray starts ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["grpc_options.port", "http_options.port"])
+def test_taken_port_refuses_start_naming_port_holder_and_fix(tmp_path, key):
+    taken, other = free_port(), free_port()
+    ports = (other, taken) if key == "grpc_options.port" else (taken, other)
+    config = launcher.load_config(str(write_config(tmp_path / "c.yaml", *ports)))
+    with listen_like_ray(taken), pytest.raises(LaunchError) as err:
+        launcher.check_ports_free(config, "c.yaml")
+    message = str(err.value)
+    assert message.startswith(f"port {taken} ({key} in c.yaml) is already in use by pid {os.getpid()} (")
+    assert "Stop that one first" in message and f"or serve on another port by changing {key}" in message
+
+
+def test_free_ports_pass_the_check(tmp_path):
+    launcher.check_ports_free(launcher.load_config(str(write_config(tmp_path / "c.yaml", free_port(),
+                                                                    free_port()))), "c.yaml")
+
+
+def test_cli_exits_2_with_the_message_when_the_port_is_taken(tmp_path):
+    taken = free_port()
+    path = write_config(tmp_path / "c.yaml", free_port(), taken)
+    with listen_like_ray(taken):
+        done = subprocess.run([sys.executable, "-m", "radixserve.cli", "serve", str(path)], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert f"radixserve serve: port {taken} (grpc_options.port in {path}) is already in use" in done.stderr
+
+
+def test_unknown_app_arg_is_refused_by_name(tmp_path):
+    with pytest.raises(LaunchError, match="unknown setting.*'max_batch_tokns' \\(did you mean 'max_batch_tokens'"):
+        launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, max_batch_tokns=5)))
+
+
+def test_grpc_message_limit_is_max_request_bytes_plus_envelope(tmp_path, monkeypatch):
+    monkeypatch.delenv(GRPC_MESSAGE_SIZE_ENV, raising=False)
+    config = launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, max_request_bytes=1000)))
+    launcher.set_grpc_message_limit(config)
+    assert os.environ[GRPC_MESSAGE_SIZE_ENV] == str(1000 + ENVELOPE_BYTES)
+    monkeypatch.setenv(GRPC_MESSAGE_SIZE_ENV, "4096")
+    launcher.set_grpc_message_limit(config)
+    assert os.environ[GRPC_MESSAGE_SIZE_ENV] == "4096", "an operator's own setting is kept"
+    assert launcher.grpc_message_limit(2**31) == 2**31 - 1, "gRPC's limit is a signed 32-bit int"
+
+
+# --- on a local Ray -------------------------------------------------------------------------------------------------
+
+class Launched:
+    """`radixserve serve CONFIG` in its own session, with its own RAY_TMPDIR; output in `log`."""
+
+    def __init__(self, config: Path, model: Path, workdir: Path):
+        self.log_path = workdir / "launcher.log"
+        env = dict(os.environ, RADIXSERVE_MODEL=str(model), RAY_TMPDIR=str(workdir), HF_HUB_OFFLINE="1")
+        env.pop(GRPC_MESSAGE_SIZE_ENV, None)
+        env.pop("RAY_ADDRESS", None)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "radixserve.cli", "serve", str(config),
+                                          "--drain-timeout", "60"], cwd=ROOT, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """Last resort after a failed test: the launcher's session (its local Ray), and nothing else."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def workdir():
+    """A short private directory: Ray's socket paths must stay under 107 characters."""
+    with tempfile.TemporaryDirectory(prefix="rs-launch-", dir="/tmp") as path:
+        yield Path(path)
+
+
+def wait_until_serving(client, launched: Launched) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert launched.proc.poll() is None, f"launcher exited early:\n{launched.log[-3000:]}"
+        try:
+            client.info()
+            return
+        except grpc.RpcError:
+            time.sleep(1)
+    pytest.fail(f"not serving after {START_TIMEOUT_S} s:\n{launched.log[-3000:]}")
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests_and_exits_0(tiny_model_dir, workdir):
+    from radixserve.client import ScoringClient
+
+    grpc_port = free_port()
+    # Requests wait up to 2 s for their batch, so they are still in flight when SIGTERM arrives.
+    config = write_config(workdir / "c.yaml", free_port(), grpc_port, batch_wait_timeout_s=2.0, engine_cpus=0.5,
+                          ingress_cpus=0.5, index_builder="inline", max_request_bytes=MAX_REQUEST_BYTES,
+                          engine_replicas={"num_replicas": 1})
+    launched = Launched(config, tiny_model_dir(), workdir)
+    try:
+        with ScoringClient(f"127.0.0.1:{grpc_port}", timeout_s=60, retries=0) as client:
+            wait_until_serving(client, launched)
+            check_message_limits(grpc_port)
+            check_malformed_message(grpc_port)
+            results: list[str] = []
+
+            def call(i: int) -> None:
+                try:
+                    client.rerank("what is a trie", [f"document {i}", "bread"])
+                    results.append("OK")
+                except grpc.RpcError as err:
+                    results.append(err.code().name)
+
+            threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.5)
+            sent = time.monotonic()
+            launched.proc.send_signal(signal.SIGTERM)
+            for thread in threads:
+                thread.join(90)
+            status = launched.wait(90)
+        assert results == ["OK"] * 16, launched.log[-3000:]
+        assert status == 0 and time.monotonic() - sent < 60, launched.log[-3000:]
+        assert "radixserve: drained" in launched.log
+        assert not ACCESS_LINE.search(launched.log), "serve_config.yaml turns access logs off"
+    finally:
+        launched.kill()
+
+
+def check_message_limits(grpc_port: int) -> None:
+    """Over the proxy's limit: gRPC refuses it (RESOURCE_EXHAUSTED) before any of our code or a replica sees it;
+    between max_request_bytes and that limit: the ingress refuses it, naming max_request_bytes."""
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        rerank = channel.unary_unary("/radixserve.v1.Scoring/Rerank")
+        from radixserve.v1 import scoring_pb2 as pb
+
+        for size, expected in [(MAX_REQUEST_BYTES + 2 * ENVELOPE_BYTES, "larger than max"),
+                               (MAX_REQUEST_BYTES + 100, "max_request_bytes")]:
+            request = pb.RerankRequest(query="q", documents=["x" * size]).SerializeToString()
+            with pytest.raises(grpc.RpcError) as err:
+                rerank(request, timeout=30)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and expected in err.value.details()
+
+
+def check_malformed_message(grpc_port: int) -> None:
+    """Bytes that are no RerankRequest: Ray's proxy fails to decode them before our code runs and answers UNKNOWN
+    naming protobuf's DecodeError (README, gRPC API); the server keeps serving."""
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/radixserve.v1.Scoring/Rerank")(b"\xff\xff\xff\xff", timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNKNOWN and "DecodeError" in err.value.details(), err.value
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_model_that_cannot_load_exits_1_with_the_load_error(workdir):
+    config = write_config(workdir / "c.yaml", free_port(), free_port(), engine_cpus=0.5, ingress_cpus=0.5,
+                          engine_replicas={"num_replicas": 1})
+    launched = Launched(config, workdir / "no-such-model", workdir)
+    try:
+        assert launched.wait(START_TIMEOUT_S) == 1, launched.log[-3000:]
+        summary = launched.log.split("radixserve: application 'radixserve' failed to deploy:", 1)[1]
+        assert f"model path '{workdir / 'no-such-model'}' does not exist" in summary
+        assert "RADIXSERVE_MODEL=/path/to/model" in summary
+    finally:
+        launched.kill()
