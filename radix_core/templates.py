@@ -6,7 +6,13 @@ is `shared + varying[i] + suffix`. `shared` is what the Ray Serve ingress hashes
 
     template = resolve_template("rerank", "qwen3", "causal_lm")
     key_text = template.shared_prefix(query, instruction)         # the text
-    key_ids = prompt_tokenizer.routing_prefix_ids(template, query, instruction)  # the ids, identical per sequence
+    key_ids = prompt_tokenizer.encode_prompts(parts, ...).shared_ids  # the ids every sequence starts with
+
+`shared` and `suffix` are `Segment`s that keep the template's own text apart from the user's: a template's literal
+text is the template's, and every value substituted into one of its fields (`{query}`, `{instruction}`), every
+varying text and a classify prefix are the user's. The tokenizer treats special-token literals (`<|im_end|>`) as
+the model's control tokens only in the template's text, so a document cannot close its turn and write the answer
+(see `radix_core.tokenization`).
 
 Defaults (`DEFAULT_TEMPLATES`, keyed by (task, model_type, head) with "*" as a wildcard):
 
@@ -28,24 +34,55 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from string import Formatter
 
 TASKS = ("rerank", "embed")
 WILDCARD = "*"
-_MARK = "\x00radixserve-varying\x00"  # stands in for the varying field while the rest of a template renders
 
 
-def _split_at(template: str, field: str, **values: str) -> tuple[str, str]:
-    """Render `template` with `values` and return the text before and after `{field}`."""
+@dataclass(frozen=True)
+class Segment:
+    """A run of prompt text: the template's own (`user=False`), where special-token literals are the model's
+    control tokens, or the user's (`user=True`), where they are plain text."""
+
+    text: str
+    user: bool
+
+
+Text = tuple[Segment, ...]
+
+
+def template_text(text: str) -> Text:
+    return (Segment(text, False),) if text else ()
+
+
+def user_text(text: str) -> Text:
+    return (Segment(text, True),) if text else ()
+
+
+def joined(text: Text) -> str:
+    """The plain string of `text`."""
+    return "".join(segment.text for segment in text)
+
+
+def _split_at(template: str, field: str, **values: str) -> tuple[Text, Text]:
+    """Render `template` with `values` and return the text before and after `{field}`: the template's literal
+    text as template segments, each substituted value as a user segment."""
+    formatter, before, after, seen = Formatter(), [], [], False
     try:
-        rendered = template.format(**values, **{field: _MARK})
-    except (KeyError, IndexError) as err:
+        for literal, name, spec, conversion in formatter.parse(template):
+            out = after if seen else before
+            out += template_text(literal)
+            if name == field:
+                seen = True
+            elif name is not None:
+                value = formatter.convert_field(formatter.get_field(name, (), values)[0], conversion)
+                out += user_text(formatter.format_field(value, spec))
+    except (KeyError, IndexError, AttributeError) as err:
         allowed = ", ".join("{" + name + "}" for name in (field, *values))
         raise ValueError(f"template {template!r} uses an unknown field {err}: it may use {allowed} "
                          f"(write literal braces as {{{{ and }}}})") from err
-    if rendered.count(_MARK) != 1:
-        raise ValueError(f"the text substituted into template {template!r} must not contain its internal marker")
-    head, tail = rendered.split(_MARK)
-    return head, tail
+    return tuple(before), tuple(after)
 
 
 def _check_field_once(what: str, template: str, field: str) -> None:
@@ -57,11 +94,24 @@ def _check_field_once(what: str, template: str, field: str) -> None:
 
 @dataclass(frozen=True)
 class PromptParts:
-    """One request as text: item i's prompt is `shared + varying[i] + suffix`."""
+    """One request as text: item i's prompt is `shared + varying[i] + suffix`. The varying texts are the user's;
+    `shared` and `suffix` are segments, and a plain string given for either is taken as user text (so
+    `PromptParts(context, [""], "")` scores a user's context with its special-token literals as plain text)."""
 
-    shared: str
+    shared: Text
     varying: list[str]
-    suffix: str
+    suffix: Text
+
+    def __post_init__(self) -> None:
+        for name in ("shared", "suffix"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, user_text(value))
+
+    @property
+    def prompts(self) -> list[str]:
+        """Each item's whole prompt as a string."""
+        return [joined(self.shared) + text + joined(self.suffix) for text in self.varying]
 
 
 @dataclass(frozen=True)
@@ -82,11 +132,11 @@ class RerankTemplate:
 
     def parts(self, query: str, documents: Sequence[str], instruction: str | None = None) -> PromptParts:
         head, tail = _split_at(self.body, "document", query=query, instruction=self._instruction(instruction))
-        return PromptParts(self.prefix + head, list(documents), tail + self.suffix)
+        return PromptParts(template_text(self.prefix) + head, list(documents), tail + template_text(self.suffix))
 
     def shared_prefix(self, query: str, instruction: str | None = None) -> str:
         """The text every document's prompt starts with: the routing key's source."""
-        return self.parts(query, [], instruction).shared
+        return joined(self.parts(query, [], instruction).shared)
 
     def _instruction(self, instruction: str | None) -> str:
         return self.default_instruction if instruction is None else instruction
@@ -130,7 +180,7 @@ class EmbedTemplate:
 
     def shared_prefix(self, instruction: str | None = None) -> str:
         """The text every text's prompt starts with (empty without an instruction)."""
-        return self.parts([], instruction).shared
+        return joined(self.parts([], instruction).shared)
 
 
 Template = RerankTemplate | CrossEncoderPair | EmbedTemplate
@@ -200,10 +250,11 @@ def template_from_dict(task: str, value: Template | Mapping) -> Template:
 
 def classify_parts(prefix: str, template: str | Callable[[str], str] | None, inputs: Sequence[str]) -> PromptParts:
     """Classification prompts `prefix + template(input)`. A format string (`"Review: {input}\\nSentiment:"`) puts
-    its text before `{input}` into the shared part; a callable's output is all varying."""
+    its text before `{input}` into the shared part; a callable's output is all varying. The prefix, the inputs
+    and a callable's output are user text; only a format string's literal text is the template's."""
     if template is None or callable(template):
         render = template or (lambda text: text)
-        return PromptParts(prefix, [render(text) for text in inputs], "")
+        return PromptParts(user_text(prefix), [render(text) for text in inputs], ())
     _check_field_once("classify template", template, "input")
     head, tail = _split_at(template, "input")
-    return PromptParts(prefix + head, list(inputs), tail)
+    return PromptParts(user_text(prefix) + head, list(inputs), tail)
