@@ -2,20 +2,15 @@
 # The radixserve image that k8s/rayservice.yaml runs: the official Ray GPU image plus this project with its `gpu`
 # extra, built from the repository root:
 #
-#   docker build -t registry.example.com/radixserve:0.1.0-ray2.60.0-py311-cu128 .
+#   docker build -t registry.example.com/radixserve:0.1.0-ray2.60.0-py311-cu130 .
 #
 # The base image's Ray must be the version pyproject.toml pins (pip would otherwise replace the image's Ray, and
-# every node of a cluster must run one Ray), its Python one that requires-python allows; CUDA 12.8 runs on
-# Ampere, Hopper and Blackwell GPUs. tests/test_k8s_image.py checks these pins and the RayService's image tag.
-FROM rayproject/ray:2.60.0-py311-cu128
-
-# flash-attn's setup.py imports torch and builds against that exact torch and CUDA, so torch is installed first and
-# the build sees it (--no-build-isolation; build isolation would hide it). Its setup first downloads a matching
-# prebuilt wheel from the flash-attn releases; without one it compiles with nvcc for a long time (MAX_JOBS bounds
-# that compile's memory). A wheel chosen by hand skips both:
-#   docker build --build-arg FLASH_ATTN_WHEEL=<flash_attn-...-cp311-cp311-linux_x86_64.whl URL> ...
-ARG FLASH_ATTN_WHEEL=""
-ENV MAX_JOBS=4
+# every node of a cluster must run one Ray), its Python one that requires-python allows, and its CUDA the major
+# version of the torch that pyproject.toml pins: PyPI's torch 2.13.0 for Linux x86-64 is a CUDA 13.0 build
+# (it requires cuda-toolkit 13.0.3 and triton 3.7.1). CUDA 13.0 needs an NVIDIA driver of at least 580 on every
+# GPU node (Turing to Blackwell; flash-attn 4 runs on compute capability 8.x to 12.x, Ampere and newer).
+# tests/test_k8s_image.py checks these versions and the RayService's image tag.
+FROM rayproject/ray:2.60.0-py311-cu130
 
 WORKDIR /home/ray/radixserve
 COPY --chown=ray:users pyproject.toml README.md ./
@@ -23,8 +18,9 @@ COPY --chown=ray:users radix_core ./radix_core
 COPY --chown=ray:users deployments ./deployments
 COPY --chown=ray:users radixserve ./radixserve
 
-# torch as pyproject.toml pins it (PyPI's default CUDA build), and what a build without isolation needs.
-RUN pip install --no-cache-dir "torch==2.13.0" "setuptools>=69" wheel packaging ninja psutil \
- && if [ -n "$FLASH_ATTN_WHEEL" ]; then pip install --no-cache-dir "$FLASH_ATTN_WHEEL"; fi \
- && pip install --no-cache-dir --no-build-isolation ".[gpu]" \
- && python -c "import deployments.app, radix_core"
+# All wheels, nothing compiles: torch (CUDA 13.0) and triton as pinned, and the `gpu` extra's flash-attn 4, whose
+# CuTe DSL kernels are compiled at first use on the GPU. The last line imports flash-attn 4 with the CuTe DSL's
+# native libraries and checks that torch is the CUDA build the base image was chosen for.
+RUN pip install --no-cache-dir ".[gpu]" \
+ && python -c "import deployments.app, radix_core, triton, flash_attn.cute, cutlass, torch; \
+assert torch.version.cuda.startswith('13.'), f'torch {torch.__version__} is built for CUDA {torch.version.cuda}'"

@@ -1,19 +1,24 @@
-"""GPU check: every CUDA path against its reference, then timings on the paper's shapes (sized for < 8 min, one H200).
+"""GPU check: every CUDA path against its reference, then timings on the paper's shapes (sized for < 10 min, one H200).
 
     python bench/gpu_check.py [--out bench/results/gpu/gpu_check.md] [--no-engine]
 
 1. Kernels against their torch references: `gather_rows` (exact) and `compact_attention` (per-dtype
-   tolerance) on shared-prefix batches with duplicates, GQA ratios 1/4/8 and head dims 64/128.
-2. flash-attn varlen over gathered K/V (when `flash_attn` imports) against the same reference.
-3. Timings (CUDA events, warmups, medians): `gather_rows` vs `torch.index_select` on rows 16000 and 100000,
-   widths 1024 and 2048, bf16; attention on 32 x (2048 shared + 256 unique) tokens with Qwen3-8B heads
-   (32 query heads, 8 kv heads, head dim 128), bf16: compact attention at several tile shapes, flash-attn
-   varlen with the K/V gather included, flash-attn in RadixMLP's layout (scatter q/k/v to all N rows, attend,
-   gather back), and the torch reference.
-4. `--engine` (default on): each engine mode and attention backend on CUDA against a CPU float64 engine, on a
-   tiny random-weight Qwen3 from `radix_core.tiny_models`.
+   tolerance) on shared-prefix batches with duplicates, GQA ratios 1/4/8 and head dims 64/128, fp32/bf16/fp16;
+   the Triton launch on a second GPU when there is one.
+2. flash-attn 4 varlen through the engine's `FlashAttention` backend (K/V gathered, sequences without queries left
+   out as the engine's plans do) against the same reference.
+3. `--engine` (default on, `gpu_engine_checks.py`): hidden states of each dtype x attention backend x mode on a
+   tiny Qwen3 with head_dim 128 and GQA against a CPU float64 engine, including `[[7], [7]]`; then every task
+   head (rerank by yes/no logits and by a score head, embed, classify, score) the same way.
+4. The paper's shape for correctness, then timings (CUDA events, warmups, medians): `gather_rows` vs
+   `torch.index_select` on rows 16000 and 100000, widths 1024 and 2048, bf16; attention on 32 x (2048 shared +
+   256 unique) tokens with Qwen3-8B heads (32 query heads, 8 kv heads, head dim 128), bf16: compact attention at
+   several tile shapes, flash-attn varlen with the K/V gather included, flash-attn in RadixMLP's layout (scatter
+   q/k/v to all N rows, attend, gather back), and the torch reference.
 
-Writes a markdown report (default `bench/results/gpu/gpu_check.md`), prints it, and exits 1 if a check failed.
+Writes each result to a markdown report (default `bench/results/gpu/gpu_check.md`) as it comes, and prints it.
+Exits 1 if a check failed or did not run though this machine supports it (flash-attn 4 missing on compute
+capability >= 8 counts), 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -21,15 +26,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import triton
+from gpu_report import CHECK_COLUMNS, TIMING_COLUMNS, Check, Report, Timing
 
+from radix_core.attention import AttentionMetadata, FlashAttention
 from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
 from radix_core.kernels import (
     AttentionTiles,
@@ -41,37 +46,15 @@ from radix_core.kernels import (
 )
 
 try:
-    import flash_attn
-    from flash_attn import flash_attn_varlen_func
+    import flash_attn.cute as flash_attn
+    from flash_attn.cute import flash_attn_varlen_func
 except ImportError:
     flash_attn = flash_attn_varlen_func = None
 
 ATTENTION_TOLERANCE = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}  # max abs error
-ENGINE_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}  # max abs error / max abs value
 TILE_CANDIDATES = [AttentionTiles(64, 64, 4, 3), AttentionTiles(128, 64, 8, 3), AttentionTiles(128, 128, 8, 3),
                    AttentionTiles(64, 32, 4, 4)]
-
-
-@dataclass
-class Check:
-    name: str
-    shape: str
-    dtype: str
-    error: float | None  # None: not run (see note)
-    tolerance: float
-    note: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.error is not None and self.error <= self.tolerance
-
-
-@dataclass
-class Timing:
-    name: str
-    shape: str
-    ms: float
-    note: str = ""
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def shared_prefix_index(num_seqs: int, shared: int, unique: tuple[int, int], seed: int,
@@ -100,50 +83,71 @@ def random_qkv(rows: int, heads: int, kv_heads: int, head_dim: int, dtype: torch
     return q, k, v
 
 
-def flash_gathered(q, k, v, scatter, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """flash-attn varlen over each sequence's gathered K/V path (bottom-right causal when Lq < Lk)."""
-    k_path, v_path = k.index_select(0, scatter), v.index_select(0, scatter)  # (N, Hkv, D)
-    return flash_attn_varlen_func(q, k_path, v_path, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  causal=True)
+def flash_metadata(index: RadixIndex, device: str = "cuda") -> AttentionMetadata:
+    """The `full`-mode metadata the engine hands flash-attn: sequences without queries left out."""
+    blocks = index.attention_blocks()
+    upload = lambda a, dtype: torch.from_numpy(a.astype(dtype)).to(device)  # noqa: E731
+    return AttentionMetadata(upload(blocks.cu_seqlens_q, np.int32), upload(blocks.cu_seqlens_k, np.int32),
+                             blocks.max_seqlen_q, blocks.max_seqlen_k, kv_index=upload(blocks.kv_index, np.int64))
 
 
 def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return (got.float() - expected.float()).abs().max().item()
 
 
-def kernel_checks(device: str = "cuda") -> list[Check]:
+def kernel_checks(report: Report, flash: FlashAttention | None, flash_note: str) -> None:
     """Section 1 and 2: kernels and flash-attn against the torch references."""
-    checks = []
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    report.section("Kernels and flash-attn against the torch reference", CHECK_COLUMNS)
+    for dtype in DTYPES:
         for rows, width, index_dtype in ((1, 1, torch.int32), (4097, 1000, torch.int64), (20000, 2048, torch.int32)):
-            x = torch.randn(rows, width, device=device).to(dtype)  # (rows, width)
-            index = torch.randint(0, rows, (rows + 3,), device=device, dtype=index_dtype)  # (n,)
-            error = 0.0 if torch.equal(gather_rows(x, index), gather_rows_reference(x, index)) else float("inf")
-            checks.append(Check("gather_rows", f"{rows}x{width}, {_name(index_dtype)} index", _name(dtype), error, 0.0))
-    index = shared_prefix_index(num_seqs=12, shared=300, unique=(1, 200), seed=0, duplicates=2)
-    meta = device_index(index, device)
-    shape = f"12x(300+1..200)+2 dup, N'={index.num_compact}"
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for heads, kv_heads, head_dim in ((8, 8, 64), (32, 8, 128), (16, 2, 128)):
-            q, k, v = random_qkv(index.num_compact, heads, kv_heads, head_dim, dtype, device)
-            expected = compact_attention_reference(q, k, v, **meta)
-            label = f"{shape}, {heads}/{kv_heads} heads, D={head_dim}"
-            error = max_error(compact_attention(q, k, v, **meta), expected)
-            checks.append(Check("compact_attention", label, _name(dtype), error, ATTENTION_TOLERANCE[dtype]))
-            if dtype != torch.float32:
-                checks.append(_flash_check(q, k, v, meta, index, expected, label))
-    return checks
+            x = torch.randn(rows, width, device="cuda").to(dtype)  # (rows, width)
+            index = torch.randint(0, rows, (rows + 3,), device="cuda", dtype=index_dtype)  # (n,)
+            report.guarded("gather_rows", f"{rows}x{width}, {_name(index_dtype)} index", _name(dtype), 0.0,
+                           lambda: 0.0 if torch.equal(gather_rows(x, index), gather_rows_reference(x, index))
+                           else float("inf"))
+    _second_device_check(report)
+    batches = {"12x(300+1..200)+2 dup": shared_prefix_index(num_seqs=12, shared=300, unique=(1, 200), seed=0,
+                                                            duplicates=2),
+               "6 one-token seqs, 3 dup (max_seqlen_q 1)": build_radix_index(*flatten_sequences([[7], [7], [8], [9],
+                                                                                                  [8], [9]]))}
+    for label, index in batches.items():
+        meta, flash_meta = device_index(index), flash_metadata(index)
+        for dtype in DTYPES:
+            for heads, kv_heads, head_dim in ((8, 8, 64), (32, 8, 128), (16, 2, 128)):
+                q, k, v = random_qkv(index.num_compact, heads, kv_heads, head_dim, dtype)
+                expected = compact_attention_reference(q, k, v, **meta)
+                shape = f"{label}, N'={index.num_compact}, {heads}/{kv_heads} heads, D={head_dim}"
+                report.guarded("compact_attention", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
+                               lambda: max_error(compact_attention(q, k, v, **meta), expected))
+                if dtype == torch.float32:
+                    continue
+                if flash is None:
+                    report.check(Check("flash-attn 4 varlen (engine backend)", shape, _name(dtype), None,
+                                       ATTENTION_TOLERANCE[dtype], flash_note, torch.cuda.get_device_capability()
+                                       >= (8, 0)))
+                    continue
+                report.guarded("flash-attn 4 varlen (engine backend)", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
+                               lambda: max_error(flash(q, k, v, flash_meta, head_dim**-0.5), expected))
 
 
-def _flash_check(q, k, v, meta, index, expected, label) -> Check:
-    tolerance = ATTENTION_TOLERANCE[q.dtype]
-    if flash_attn_varlen_func is None:
-        return Check("flash-attn varlen (gathered K/V)", label, _name(q.dtype), None, tolerance, "flash_attn missing")
-    try:
-        out = flash_gathered(q, k, v, **meta, max_seqlen_k=index.max_seqlen_k)
-    except RuntimeError as err:  # e.g. a shape flash-attn refuses; recorded, the other checks go on
-        return Check("flash-attn varlen (gathered K/V)", label, _name(q.dtype), None, tolerance, str(err)[:80])
-    return Check("flash-attn varlen (gathered K/V)", label, _name(q.dtype), max_error(out, expected), tolerance)
+def _second_device_check(report: Report) -> None:
+    """Triton launches on the tensors' device, not the thread's current one (item 8): a kernel on `cuda:1`."""
+    name, shape = "gather_rows + compact_attention on cuda:1", "current device cuda:0"
+    if torch.cuda.device_count() < 2:
+        report.check(Check(name, shape, "bf16", None, 0.0, "one GPU", supported=False))
+        return
+    index = shared_prefix_index(num_seqs=4, shared=64, unique=(1, 40), seed=3, duplicates=1)
+    meta = device_index(index, "cuda:1")
+    q, k, v = random_qkv(index.num_compact, 8, 2, 128, torch.bfloat16, "cuda:1")
+    x = torch.randn(300, 256, device="cuda:1", dtype=torch.bfloat16)  # (rows, width)
+    rows = torch.randint(0, 300, (500,), device="cuda:1")  # (n,)
+
+    def measure() -> float:
+        torch.cuda.set_device(0)
+        gather = 0.0 if torch.equal(gather_rows(x, rows), gather_rows_reference(x, rows)) else float("inf")
+        return max(gather, max_error(compact_attention(q, k, v, **meta), compact_attention_reference(q, k, v, **meta)))
+
+    report.guarded(name, shape, "bf16", ATTENTION_TOLERANCE[torch.bfloat16], measure)
 
 
 def cuda_ms(fn, warmup: int = 5, repeats: int = 20, burst: int = 10) -> float:
@@ -164,7 +168,7 @@ def cuda_ms(fn, warmup: int = 5, repeats: int = 20, burst: int = 10) -> float:
 
 
 def gather_timings() -> list[Timing]:
-    """Section 3a: `gather_rows` vs `torch.index_select` in bf16 (bytes moved: rows read + rows written)."""
+    """Section 4a: `gather_rows` vs `torch.index_select` in bf16 (bytes moved: rows read + rows written)."""
     timings = []
     for rows in (16000, 100000):
         for width in (1024, 2048):
@@ -180,50 +184,64 @@ def gather_timings() -> list[Timing]:
     return timings
 
 
-def attention_timings() -> tuple[list[Timing], list[Check]]:
-    """Section 3b: the paper's 32 x (2048 + 256) batch with Qwen3-8B heads, bf16."""
+def paper_shape():
+    """The paper's 32 x (2048 + 256) batch with Qwen3-8B heads, bf16: index, metadata, q/k/v, label."""
     index = shared_prefix_index(num_seqs=32, shared=2048, unique=(256, 256), seed=1)  # N'/N = 10240/73728
-    meta = device_index(index)
     q, k, v = random_qkv(index.num_compact, 32, 8, 128, torch.bfloat16)
     shape = f"32x(2048+256), N={index.num_tokens}, N'={index.num_compact}, 32/8 heads, D=128"
+    return index, device_index(index), q, k, v, shape
+
+
+def paper_checks(report: Report, flash: FlashAttention | None) -> None:
+    report.section("Paper shape against the torch reference", CHECK_COLUMNS)
+    index, meta, q, k, v, shape = paper_shape()
+    expected = compact_attention_reference(q, k, v, **meta)
+    tolerance = ATTENTION_TOLERANCE[torch.bfloat16]
+    report.guarded("compact_attention", shape, "bf16", tolerance,
+                   lambda: max_error(compact_attention(q, k, v, **meta), expected))
+    if flash is not None:
+        report.guarded("flash-attn 4 varlen (engine backend)", shape, "bf16", tolerance,
+                       lambda: max_error(flash(q, k, v, flash_metadata(index), 128**-0.5), expected))
+
+
+def attention_timings(report: Report) -> None:
+    """Section 4b: attention on the paper's shape."""
+    index, meta, q, k, v, shape = paper_shape()
     flops = 4 * 128 * 32 * _visible_pairs(index)
     rate = lambda ms: f"{flops / ms / 1e9:.0f} TFLOP/s"  # noqa: E731
-    expected = compact_attention_reference(q, k, v, **meta)
-    checks = [Check("compact_attention (paper shape)", shape, "bf16",
-                    max_error(compact_attention(q, k, v, **meta), expected), ATTENTION_TOLERANCE[torch.bfloat16])]
-    timings = []
     for tiles in [default_tiles(128)] + [t for t in TILE_CANDIDATES if t != default_tiles(128)]:
         ms = cuda_ms(lambda: compact_attention(q, k, v, **meta, tiles=tiles))
         label = f"compact_attention {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"
-        timings.append(Timing(label + (" (default)" if tiles == default_tiles(128) else ""), shape, ms, rate(ms)))
+        report.timing(Timing(label + (" (default)" if tiles == default_tiles(128) else ""), shape, ms, rate(ms)))
     if flash_attn_varlen_func is not None:
-        timings += _flash_timings(q, k, v, meta, index, shape, rate)
-        out = flash_gathered(q, k, v, **meta, max_seqlen_k=index.max_seqlen_k)
-        checks.append(Check("flash-attn varlen (paper shape)", shape, "bf16", max_error(out, expected),
-                            ATTENTION_TOLERANCE[torch.bfloat16]))
+        for timing in _flash_timings(q, k, v, meta, index, shape, rate):
+            report.timing(timing)
     ms = cuda_ms(lambda: compact_attention_reference(q, k, v, **meta), warmup=1, repeats=3, burst=1)
-    timings.append(Timing("torch reference (per-sequence loop, fp32)", shape, ms, rate(ms) + ", median of 3"))
-    return timings, checks
+    report.timing(Timing("torch reference (per-sequence loop, fp32)", shape, ms, rate(ms) + ", median of 3"))
 
 
 def _flash_timings(q, k, v, meta, index, shape, rate) -> list[Timing]:
-    max_k = index.max_seqlen_k
-    gathered = cuda_ms(lambda: flash_gathered(q, k, v, **meta, max_seqlen_k=max_k))
-    k_path, v_path = k.index_select(0, meta["scatter"]), v.index_select(0, meta["scatter"])  # (N, Hkv, D)
-    args = (meta["cu_seqlens_q"], meta["cu_seqlens_k"], meta["max_seqlen_q"], max_k)
-    attend_only = cuda_ms(lambda: flash_attn_varlen_func(q, k_path, v_path, *args, causal=True))
+    flash, flash_meta = FlashAttention(), flash_metadata(index)
+    gathered = cuda_ms(lambda: flash(q, k, v, flash_meta, 128**-0.5))
+    k_path, v_path = k.index_select(0, flash_meta.kv_index), v.index_select(0, flash_meta.kv_index)  # (N, Hkv, D)
+    args = dict(cu_seqlens_q=flash_meta.cu_seqlens_q, cu_seqlens_k=flash_meta.cu_seqlens_k,
+                max_seqlen_q=flash_meta.max_seqlen_q, max_seqlen_k=flash_meta.max_seqlen_k, causal=True)
+    attend_only = cuda_ms(lambda: flash_attn_varlen_func(q, k_path, v_path, **args))
     fold = torch.from_numpy(index.fold_gather.astype(np.int64)).to(q.device)  # (N',)
-    radix_mlp = cuda_ms(lambda: _flash_radix_mlp_layout(q, k, v, meta["scatter"], fold, meta["cu_seqlens_k"], max_k))
-    return [Timing("flash-attn varlen + K/V gather", shape, gathered, rate(gathered)),
-            Timing("flash-attn varlen, K/V already gathered", shape, attend_only, rate(attend_only)),
-            Timing("flash-attn, RadixMLP layout (scatter q/k/v, N rows, gather)", shape, radix_mlp,
+    cu = torch.from_numpy(index.cu_seqlens.astype(np.int32)).to(q.device)  # (B+1,)
+    radix_mlp = cuda_ms(lambda: _flash_radix_mlp_layout(q, k, v, meta["scatter"].long(), fold, cu,
+                                                        index.max_seqlen_k))
+    return [Timing("flash-attn 4 varlen + K/V gather (engine backend)", shape, gathered, rate(gathered)),
+            Timing("flash-attn 4 varlen, K/V already gathered", shape, attend_only, rate(attend_only)),
+            Timing("flash-attn 4, RadixMLP layout (scatter q/k/v, N rows, gather)", shape, radix_mlp,
                    "attends every original token")]
 
 
 def _flash_radix_mlp_layout(q, k, v, scatter, fold, cu_seqlens, max_seqlen):
     """RadixMLP's attention: q/k/v scattered to all `N` original rows, causal per sequence, gathered back."""
     q_n, k_n, v_n = (t.index_select(0, scatter) for t in (q, k, v))  # (N, H, D)
-    out = flash_attn_varlen_func(q_n, k_n, v_n, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
+    out, _ = flash_attn_varlen_func(q_n, k_n, v_n, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                                    max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, causal=True)  # (N, Hq, D)
     return out.index_select(0, fold)  # (N', Hq, D)
 
 
@@ -233,100 +251,54 @@ def _visible_pairs(index: RadixIndex) -> int:
     return int(((lk - lq) * lq + lq * (lq + 1) // 2).sum())
 
 
-def engine_checks() -> list[Check]:
-    """Section 4: each engine mode and attention backend on CUDA against a CPU float64 engine."""
-    try:
-        from radix_core.attention import ATTENTION_CHOICES
-        from radix_core.engine import Engine
-        from radix_core.tiny_models import make_tiny_model
-    except ImportError as err:
-        return [Check("engine", "-", "-", None, 0.0, str(err))]
-    checks = []
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(make_tiny_model(Path(tmp) / "qwen3", "qwen3", "causal_lm"))
-        reference = Engine.from_pretrained(model_dir, device="cpu", dtype=torch.float64, radix="off",
-                                           attention="torch")
-        sequences = _engine_batch(reference.arch.vocab_size)
-        expected = torch.cat(reference.hidden_states(sequences))  # (N, hidden)
-        scale = expected.abs().max().item()
-        for dtype in (torch.float32, torch.bfloat16):
-            for attention in [a for a in ATTENTION_CHOICES if a != "auto"]:
-                checks += _engine_modes(Engine, model_dir, dtype, attention, sequences, expected, scale)
-    return checks
-
-
-def _engine_modes(engine_cls, model_dir, dtype, attention, sequences, expected, scale) -> list[Check]:
-    name = f"engine attention={attention}"
-    try:
-        engine = engine_cls.from_pretrained(model_dir, device="cuda", dtype=dtype, attention=attention)
-    except (ValueError, ImportError) as err:
-        return [Check(name, "-", _name(dtype), None, ENGINE_TOLERANCE[dtype], str(err)[:80])]
-    checks = []
-    for mode in ("off", "mlp", "full", "auto"):
-        got = torch.cat(engine.hidden_states(sequences, mode)).cpu().double()  # (N, hidden)
-        error = (got - expected).abs().max().item() / scale
-        checks.append(Check(f"{name} mode={mode}", "9 seqs, shared prefixes + duplicate", _name(dtype), error,
-                            ENGINE_TOLERANCE[dtype], "error relative to max abs hidden"))
-    return checks
-
-
-def _engine_batch(vocab_size: int) -> list[list[int]]:
-    """Reranking-like batch: a shared template, two queries, passages, one exact duplicate."""
-    rng = np.random.default_rng(2)
-    draw = lambda n: rng.integers(0, vocab_size, n).tolist()  # noqa: E731
-    template, queries = draw(40), [draw(12), draw(9)]
-    sequences = [template + queries[i % 2] + draw(int(rng.integers(5, 60))) for i in range(8)]
-    return sequences + [list(sequences[3])]
-
-
-def report(checks: list[Check], timings: list[Timing], seconds: float) -> str:
-    """The markdown report: environment, checks, timings."""
-    flash = "absent" if flash_attn is None else flash_attn.__version__
-    lines = [
-        "# GPU check", "",
-        f"Command: `python bench/gpu_check.py`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        f"{seconds:.0f} s.", "",
-        f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, "
-        f"flash-attn {flash}.", "",
-        "## Checks", "",
-        "| check | shape | dtype | max abs error | tolerance | result |", "|---|---|---|---|---|---|",
-    ]
-    for c in checks:
-        error = "-" if c.error is None else f"{c.error:.2e}"
-        result = ("PASS" if c.passed else "FAIL") if c.error is not None else "not run"
-        note = f" ({c.note})" if c.note else ""
-        lines.append(f"| {c.name} | {c.shape} | {c.dtype} | {error} | {c.tolerance:.0e} | {result}{note} |")
-    lines += ["", "## Timings", "",
-              "Per call: median of 20 CUDA-event spans of 10 back-to-back calls, after 5 warmups.", "",
-              "| op | shape | ms | note |", "|---|---|---|---|"]
-    lines += [f"| {t.name} | {t.shape} | {t.ms:.3f} | {t.note} |" for t in timings]
-    return "\n".join(lines) + "\n"
-
-
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.").replace("float", "fp").replace("bfp", "bf")
+
+
+def load_flash() -> tuple[FlashAttention | None, str]:
+    """The engine's flash-attn 4 backend, or None and why."""
+    try:
+        return FlashAttention(), ""
+    except (ImportError, OSError) as err:
+        return None, f"flash-attn 4 does not import: {str(err)[:80]}; pip install 'radixserve[gpu]'"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu" / "gpu_check.md")
     parser.add_argument("--engine", action=argparse.BooleanOptionalAction, default=True,
-                        help="check each engine mode on CUDA against a CPU float64 engine (default: on)")
+                        help="check the engine and every task head on CUDA against a CPU float64 engine (default: on)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run it on a GPU machine (the CPU tests cover the interpreter)")
         return 2
     started = time.perf_counter()
     torch.manual_seed(0)
-    checks = kernel_checks()
-    gather = gather_timings()
-    attention, paper_checks = attention_timings()
-    checks += paper_checks + (engine_checks() if args.engine else [])
-    text = report(checks, gather + attention, time.perf_counter() - started)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    return 1 if any(c.error is not None and not c.passed for c in checks) else 0
+    flash, flash_note = load_flash()
+    version = "absent" if flash_attn is None else flash_attn.__version__
+    report = Report(args.out, [
+        "# GPU check", "",
+        "Command: `python bench/gpu_check.py`.", "",
+        f"{torch.cuda.get_device_name()} (compute capability {torch.cuda.get_device_capability()}, "
+        f"{torch.cuda.device_count()} device(s)); torch {torch.__version__} (CUDA {torch.version.cuda}), triton "
+        f"{triton.__version__}, flash-attn 4 {version}.",
+    ])
+    kernel_checks(report, flash, flash_note)
+    if args.engine:
+        from gpu_engine_checks import engine_checks, task_checks
+
+        report.section("Engine against a CPU float64 engine (error relative to max abs value)", CHECK_COLUMNS)
+        engine_checks(report)
+        report.section("Task heads against a CPU float64 engine (error relative to max abs value)", CHECK_COLUMNS)
+        task_checks(report)
+    paper_checks(report, flash)
+    report.section("Timings (per call: median of 20 CUDA-event spans of 10 back-to-back calls, after 5 warmups)",
+                   TIMING_COLUMNS)
+    for timing in gather_timings():
+        report.timing(timing)
+    attention_timings(report)
+    report.close(time.perf_counter() - started)
+    return 1 if report.failures else 0
 
 
 if __name__ == "__main__":

@@ -3,33 +3,38 @@
 Every mode reduces to one problem, described by `AttentionMetadata` (built once per batch): sequence `s`
 attends with query rows `cu_seqlens_q[s]:cu_seqlens_q[s+1]` of `q` to key/value rows `kv_index[k_s:k_e]`
 (`k_s, k_e = cu_seqlens_k[s], cu_seqlens_k[s+1]`) of `k`/`v`, causal and aligned bottom-right (query `j` of
-`Lq` sees path positions `0 .. Lk - Lq + j`). Sequences with `Lq == 0` are skipped.
+`Lq` sees path positions `0 .. Lk - Lq + j`). Every sequence in the metadata has `Lq >= 1`: a sequence that
+adds no queries (`full` mode's duplicates) is left out when the plan is built (`RadixIndex.attention_blocks`).
 
 * `off`: rows are the original tokens; `kv_index` is None (rows in place), `cu_q == cu_k`.
 * `mlp` (RadixMLP as published): q/k/v are first scattered from compact rows to the original layout, attention
   runs there as in `off`, and the output is gathered back with `fold_gather`.
 * `full` (compact attention): queries are the compact rows themselves (each sequence's added block);
-  `kv_index = scatter`, so keys/values are each sequence's whole path read from compact K/V.
+  `kv_index` is `scatter` over the sequences that add queries, so keys/values are each one's whole path read
+  from compact K/V.
 
-Backends: `torch` (CPU and reference: one `scaled_dot_product_attention` per sequence), `flash`
-(`flash_attn_varlen_func` on CUDA over gathered K/V), `triton` (`radix_core.kernels.compact_attention`, reading
-K/V through the path index).
+Backends: `torch` (CPU and reference: one `scaled_dot_product_attention` per group of equal shapes), `flash`
+(flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` on CUDA over gathered K/V), `triton`
+(`radix_core.kernels.compact_attention`, reading K/V through the path index).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class AttentionMetadata:
     """What one batch's attention needs, on the engine's device."""
 
-    cu_seqlens_q: torch.Tensor  # (B+1,) int32 query row boundaries
+    cu_seqlens_q: torch.Tensor  # (B+1,) int32 query row boundaries, no empty block
     cu_seqlens_k: torch.Tensor  # (B+1,) int32 key boundaries in kv_index (or in rows, when kv_index is None)
     max_seqlen_q: int
     max_seqlen_k: int
@@ -46,13 +51,12 @@ class AttentionMetadata:
 
     @cached_property
     def shape_groups(self) -> list[ShapeGroup]:
-        """Sequences with equal (Lq, Lk), each group one batched attention call without padding; sequences that
-        add no queries are left out. Key rows count along the keys' layout (`cu_seqlens_k`), i.e. after gathering
-        through `kv_index`. Built once per batch, used by every layer."""
+        """Sequences with equal (Lq, Lk), each group one batched attention call without padding. Key rows count
+        along the keys' layout (`cu_seqlens_k`), i.e. after gathering through `kv_index`. Built once per batch,
+        used by every layer."""
         by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for q_start, q_end, k_start, k_end in self.bounds:
-            if q_end > q_start:
-                by_shape.setdefault((q_end - q_start, k_end - k_start), []).append((q_start, k_start))
+            by_shape.setdefault((q_end - q_start, k_end - k_start), []).append((q_start, k_start))
         return [self._group(lq, lk, starts) for (lq, lk), starts in by_shape.items()]
 
     def _group(self, lq: int, lk: int, starts: list[tuple[int, int]]) -> ShapeGroup:
@@ -120,20 +124,23 @@ class TorchAttention(AttentionBackend):
 
 
 class FlashAttention(AttentionBackend):
-    """flash-attn varlen on CUDA; causal masks align bottom-right when `seqlen_q < seqlen_k`."""
+    """flash-attn 4 varlen (CuTe DSL kernels, compiled at first use; compute capability 8.x to 12.x) on CUDA:
+    causal masks align bottom-right when `seqlen_q < seqlen_k`, grouped-query heads, int32 `cu_seqlens`."""
 
     name = "flash"
 
     def __init__(self):
-        from flash_attn import flash_attn_varlen_func
+        from flash_attn.cute import flash_attn_varlen_func
 
         self._varlen = flash_attn_varlen_func
 
     def attend(self, q, k, v, meta, scale):
         if meta.kv_index is not None:
             k, v = k.index_select(0, meta.kv_index), v.index_select(0, meta.kv_index)  # (total_k, Hkv, D)
-        return self._varlen(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_seqlen_q, meta.max_seqlen_k,
-                            softmax_scale=scale, causal=True)
+        out, _ = self._varlen(q, k, v, cu_seqlens_q=meta.cu_seqlens_q, cu_seqlens_k=meta.cu_seqlens_k,
+                              max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, softmax_scale=scale,
+                              causal=True)  # (Nq, Hq, D) and the log-sum-exp (None unless asked)
+        return out
 
 
 class TritonAttention(AttentionBackend):
@@ -158,10 +165,14 @@ class TritonAttention(AttentionBackend):
 ATTENTION_CHOICES = ("auto", "torch", "flash", "triton")
 
 
+_FLASH_INSTALL = "pip install 'radixserve[gpu]' (flash-attn-4 with its CUDA 13 CuTe DSL libraries)"
+
+
 def make_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """Pick the attention backend. "auto": torch on the CPU; on CUDA flash-attn (half precision, when installed),
-    else the Triton kernels. Which of flash and Triton is faster on which GPU is what `bench/gpu_check.py`
-    measures (bench/results/gpu/NOTES.md); until a GPU run says otherwise, flash-attn comes first."""
+    """Pick the attention backend. "auto": torch on the CPU; on CUDA flash-attn (half precision, when it imports),
+    else the Triton kernels, saying why in the log when flash-attn was wanted but does not import. Which of
+    flash and Triton is faster on which GPU is what `bench/gpu_check.py` measures (bench/results/gpu/NOTES.md);
+    until a GPU run says otherwise, flash-attn comes first."""
     if name not in ATTENTION_CHOICES:
         raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
     if name == "torch" or (name == "auto" and device.type != "cuda"):
@@ -171,13 +182,14 @@ def make_backend(name: str, device: torch.device, dtype: torch.dtype) -> Attenti
     flash_fits = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
     if name == "flash" and not flash_fits:
         raise ValueError(f"attention='flash' runs on CUDA in float16/bfloat16, not on {device.type} in {dtype}")
+    if not flash_fits:
+        return TritonAttention(device)
     try:
-        if flash_fits:
-            return FlashAttention()
-    except ImportError as err:
+        return FlashAttention()
+    except (ImportError, OSError) as err:  # not installed, or installed without its native libraries
         if name == "flash":
-            raise ValueError(
-                "attention='flash' needs flash-attn: pip install 'radixserve[gpu]' "
-                f"(or pip install flash-attn --no-build-isolation) ({err})"
-            ) from err
+            raise ValueError(f"attention='flash' needs flash-attn 4, which does not import ({err}): "
+                             f"{_FLASH_INSTALL}") from err
+        log.warning("attention='auto' uses the Triton kernels: flash-attn 4 does not import (%s); for flash-attn, "
+                    "%s", err, _FLASH_INSTALL)
     return TritonAttention(device)

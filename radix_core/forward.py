@@ -41,12 +41,12 @@ class BatchPlan:
 def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.device) -> BatchPlan:
     """`off`: every original token is a row, attention per sequence in place."""
     lengths = np.diff(cu_seqlens)  # (B,)
-    cu = torch.as_tensor(cu_seqlens, dtype=torch.int32, device=device)
+    cu = _upload(cu_seqlens, torch.int32, device)  # (B+1,)
     max_len = int(lengths.max())
     return BatchPlan(
         mode="off",
-        row_ids=_long(input_ids, device),
-        row_positions=_long(sequence_positions(cu_seqlens), device),
+        row_ids=_upload(input_ids, torch.int64, device),
+        row_positions=_upload(sequence_positions(cu_seqlens), torch.int64, device),
         row_of_token=torch.arange(int(cu_seqlens[-1]), device=device),
         cu_seqlens=cu_seqlens,
         cu_rows=cu_seqlens,
@@ -56,18 +56,21 @@ def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.dev
 
 def plan_compact(index: RadixIndex, mode: str, device: torch.device) -> BatchPlan:
     """`mlp` or `full`: compact tokens are the rows; attention as RadixMLP (`mlp`) or compact (`full`)."""
-    scatter = _long(index.scatter, device)  # (N,)
-    cu_k = torch.as_tensor(index.cu_seqlens.astype(np.int32), device=device)  # (B+1,)
+    scatter = _upload(index.scatter, torch.int64, device)  # (N,)
     if mode == "mlp":
-        attention = AttentionMetadata(cu_k, cu_k, index.max_seqlen_k, index.max_seqlen_k,
-                                      qkv_scatter=scatter, out_gather=_long(index.fold_gather, device))
+        cu = _upload(index.cu_seqlens, torch.int32, device)  # (B+1,)
+        attention = AttentionMetadata(cu, cu, index.max_seqlen_k, index.max_seqlen_k, qkv_scatter=scatter,
+                                      out_gather=_upload(index.fold_gather, torch.int64, device))
     else:
-        cu_q = torch.as_tensor(index.cu_seqlens_q.astype(np.int32), device=device)  # (B+1,)
-        attention = AttentionMetadata(cu_q, cu_k, index.max_seqlen_q, index.max_seqlen_k, kv_index=scatter)
+        blocks = index.attention_blocks()  # sequences without queries left out
+        attention = AttentionMetadata(_upload(blocks.cu_seqlens_q, torch.int32, device),
+                                      _upload(blocks.cu_seqlens_k, torch.int32, device),
+                                      blocks.max_seqlen_q, blocks.max_seqlen_k,
+                                      kv_index=_upload(blocks.kv_index, torch.int64, device))
     return BatchPlan(
         mode=mode,
-        row_ids=_long(index.compact_input_ids, device),
-        row_positions=_long(index.compact_position_ids, device),
+        row_ids=_upload(index.compact_input_ids, torch.int64, device),
+        row_positions=_upload(index.compact_position_ids, torch.int64, device),
         row_of_token=scatter,
         cu_seqlens=index.cu_seqlens.astype(np.int64),
         cu_rows=index.cu_seqlens_q.astype(np.int64),  # the added blocks: searchsorted(fold_gather, cu_seqlens)
@@ -75,8 +78,17 @@ def plan_compact(index: RadixIndex, mode: str, device: torch.device) -> BatchPla
     )
 
 
-def _long(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(a.astype(np.int64, copy=False)).to(device)
+_NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
+
+
+def _upload(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`a` as `dtype` on `device`. To CUDA through pinned memory without blocking: a pageable copy would make the
+    host wait for all the work queued before it (batch k's layers) before it can queue batch k+1. The pinned
+    buffer is held by torch's host allocator until the copy is done."""
+    host = torch.from_numpy(a.astype(_NUMPY_DTYPES[dtype], copy=False))
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -> torch.Tensor:

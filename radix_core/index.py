@@ -8,6 +8,8 @@ Compact tokens are numbered in first-appearance order (trie creation order). Wal
 the tokens a sequence adds to the trie are therefore one contiguous block of compact indices, and a suffix of
 its path: once a token is new, every later token of that sequence is new too. Compact attention uses that
 block as the sequence's queries and its whole path (`scatter[cu_seqlens[s]:cu_seqlens[s+1]]`) as its keys.
+A sequence that adds nothing (an exact duplicate, or a prefix of an earlier sequence) has an empty block;
+`RadixIndex.attention_blocks` leaves those sequences out of what a varlen attention kernel is handed.
 
 The trie itself is built by the `radix-mlp` package (the paper authors' exact Rust trie, x86-64 wheels) when
 it is installed, and by `radix_core.trie_numpy` otherwise; both give identical results.
@@ -81,6 +83,35 @@ class RadixIndex:
     @property
     def max_seqlen_k(self) -> int:
         return int(np.diff(self.cu_seqlens).max())
+
+    def attention_blocks(self) -> AttentionBlocks:
+        """Compact attention's varlen problem over the sequences that add queries (see `AttentionBlocks`)."""
+        adds = self.block_len > 0  # (B,) false for duplicates and prefixes of earlier sequences
+        lengths = np.diff(self.cu_seqlens.astype(np.int64))  # (B,)
+        cu_seqlens_q = np.append(self.cu_seqlens_q[:-1][adds], self.cu_seqlens_q[-1])  # (B_q+1,) blocks back to back
+        cu_seqlens_k = np.zeros(int(adds.sum()) + 1, dtype=np.int64)  # (B_q+1,)
+        np.cumsum(lengths[adds], out=cu_seqlens_k[1:])
+        kv_index = self.scatter if adds.all() else self.scatter[np.repeat(adds, lengths)]  # (total_k,)
+        return AttentionBlocks(cu_seqlens_q.astype(np.int32), cu_seqlens_k.astype(np.int32), kv_index,
+                               self.max_seqlen_q, int(lengths[adds].max()))
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBlocks:
+    """Compact attention as varlen kernels take it, without the sequences whose block is empty.
+
+    A sequence that adds no compact token has no query to compute, so it is left out: its path's K/V are not
+    gathered, and no kernel sees an empty query block (flash-attn 2's grouped-query path for `max_seqlen_q == 1`
+    reshapes `q` as one query per sequence and fails on them). Kept sequence `j` attends with compact rows
+    `cu_seqlens_q[j]:cu_seqlens_q[j+1]` to the rows `kv_index[cu_seqlens_k[j]:cu_seqlens_k[j+1]]`, its whole path.
+    The first sequence always adds its tokens, so `B_q >= 1`; the blocks still cover `0..N'`.
+    """
+
+    cu_seqlens_q: np.ndarray  # (B_q+1,) int32 query rows (compact) of the sequences that add tokens
+    cu_seqlens_k: np.ndarray  # (B_q+1,) int32 their paths' boundaries in kv_index
+    kv_index: np.ndarray  # (total_k,) uint32 compact row of each path position, paths back to back
+    max_seqlen_q: int  # longest block
+    max_seqlen_k: int  # longest path among the kept sequences
 
 
 def flatten_sequences(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

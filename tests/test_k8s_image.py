@@ -1,10 +1,12 @@
 """The container recipe and its versions, offline (no Docker here): the Dockerfile starts from the official Ray GPU
-image of the Ray version pyproject.toml pins, with a Python that requires-python allows, installs torch as pinned
-and the project with its `gpu` extra; the RayService runs an image tagged from those same versions.
+image of the Ray version pyproject.toml pins, with a Python that requires-python allows and the CUDA major version
+of the torch build pyproject.toml pins, installs the project with its `gpu` extra; the RayService runs an image
+tagged from those same versions; triton is pinned to the version the GPU torch requires, so the CPU tests run it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,11 @@ except ModuleNotFoundError:  # Python 3.10; pytest itself depends on tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-RAY_IMAGE = re.compile(r"^rayproject/ray:(?P<ray>\d+\.\d+\.\d+)-py(?P<py>3)(?P<minor>\d+)-(?P<cuda>cu\d+)$")
+RAY_IMAGE = re.compile(r"^rayproject/ray:(?P<ray>\d+\.\d+\.\d+)-py(?P<py>3)(?P<minor>\d+)-cu(?P<cuda>\d+)$")
+# torch release -> (CUDA version, triton version) of PyPI's Linux x86-64 torch wheel, from its Requires-Dist
+# (cuda-toolkit==13.0.3, triton==3.7.1). Check a new torch with bench/results/gpu/NOTES.md's `pip install --dry-run
+# --report` command for the GPU platform before adding its line.
+PYPI_TORCH_BUILDS = {"2.13.0": ("13.0", "3.7.1")}
 
 
 def dockerfile() -> str:
@@ -34,10 +40,12 @@ def rayservice() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "k8s" / "rayservice.yaml").read_text())
 
 
-def pin(project: dict[str, Any], name: str) -> str:
-    """The exact version pyproject.toml pins `name` to (`name==X` or `name[extras]==X`)."""
-    (version,) = [m[1] for dep in project["project"]["dependencies"]
-                  if (m := re.fullmatch(rf"{re.escape(name)}(?:\[[^\]]*\])?==([^;\s]+)", dep.strip()))]
+def pin(project: dict[str, Any], name: str, extra: str | None = None) -> str:
+    """The exact version pyproject.toml pins `name` to (`name==X` or `name[extras]==X`), in the dependencies or in
+    the optional dependencies `extra`."""
+    deps = project["project"]["dependencies"] if extra is None else project["project"]["optional-dependencies"][extra]
+    pattern = rf"{re.escape(name)}(?:\[[^\]]*\])?==([^;\s]+)"
+    (version,) = [m[1] for dep in deps if (m := re.fullmatch(pattern, dep.strip()))]
     return version
 
 
@@ -51,7 +59,7 @@ def base_image(text: str) -> re.Match:
 
 def image_tag(project: dict[str, Any], base: re.Match) -> str:
     """The tag the radixserve image is pushed with: project version, then the base image's versions."""
-    return f"{project['project']['version']}-ray{base['ray']}-py{base['py']}{base['minor']}-{base['cuda']}"
+    return f"{project['project']['version']}-ray{base['ray']}-py{base['py']}{base['minor']}-cu{base['cuda']}"
 
 
 def image_drift(text: str, project: dict[str, Any], rs: dict[str, Any]) -> list[str]:
@@ -61,9 +69,7 @@ def image_drift(text: str, project: dict[str, Any], rs: dict[str, Any]) -> list[
     python = f"3.{base['minor']}"
     if python not in SpecifierSet(project["project"]["requires-python"]):
         drift.append(f"Dockerfile Python {python} is outside requires-python {project['project']['requires-python']}")
-    torch = re.findall(r'"torch==([^"]+)"', text)
-    if torch != [pin(project, "torch")]:
-        drift.append(f"Dockerfile installs torch {torch}, pyproject pins {pin(project, 'torch')}")
+    drift += cuda_drift(base, project)
     cluster = rs["spec"]["rayClusterConfig"]
     if cluster["rayVersion"] != ray:
         drift.append(f"RayService rayVersion {cluster['rayVersion']}, pyproject pins Ray {ray}")
@@ -72,6 +78,25 @@ def image_drift(text: str, project: dict[str, Any], rs: dict[str, Any]) -> list[
         repository, _, tag = image.rpartition(":")
         if repository.rsplit("/", 1)[-1] != "radixserve" or tag != image_tag(project, base):
             drift.append(f"RayService image {image} is not radixserve:{image_tag(project, base)}")
+    return drift
+
+
+def cuda_drift(base: re.Match, project: dict[str, Any]) -> list[str]:
+    """Where the base image's CUDA, the torch build, triton and the `gpu` extra's CUDA extras disagree."""
+    torch = pin(project, "torch")
+    if torch not in PYPI_TORCH_BUILDS:
+        return [f"torch {torch} has no line in PYPI_TORCH_BUILDS: check its CUDA and triton requirements for the "
+                f"GPU platform (bench/results/gpu/NOTES.md) and add them"]
+    cuda, triton = PYPI_TORCH_BUILDS[torch]
+    major = cuda.split(".")[0]
+    drift = [] if base["cuda"] == cuda.replace(".", "") else [
+        f"Dockerfile base image has CUDA cu{base['cuda']}, PyPI's torch {torch} is built for CUDA {cuda}"]
+    if pin(project, "triton") != triton:
+        drift.append(f"pyproject pins triton {pin(project, 'triton')}, PyPI's torch {torch} requires triton {triton}")
+    gpu_extra = " ".join(project["project"]["optional-dependencies"]["gpu"])
+    extras = set(re.findall(r"\[(?:[^\]]*,)?cu(\d+)[,\]]", gpu_extra))  # e.g. {"13"} from flash-attn-4[cu13]
+    if extras != {major}:
+        drift.append(f"the gpu extra's CUDA extras are cu{sorted(extras)}, torch {torch} is built for CUDA {major}")
     return drift
 
 
@@ -94,10 +119,20 @@ def run_bare_ray_image(project: dict[str, Any], rs: dict[str, Any]) -> None:
     worker["image"] = "rayproject/ray:" + worker["image"].split(":")[1]
 
 
+def set_dep(project: dict[str, Any], name: str, new: str, extra: str | None = None) -> None:
+    deps = project["project"]["dependencies"] if extra is None else project["project"]["optional-dependencies"][extra]
+    (i,) = [i for i, dep in enumerate(deps) if re.match(rf"{re.escape(name)}[\[=]", dep)]
+    deps[i] = new
+
+
 @pytest.mark.parametrize("change, expected", [
     (bump_ray_pin, ["Dockerfile base image has Ray", "RayService rayVersion"]),
     (raise_python_floor, ["Dockerfile Python"]),
     (run_bare_ray_image, ["RayService image rayproject/ray:"]),
+    (lambda project, rs: set_dep(project, "torch", "torch==9.9.9"), ["torch 9.9.9 has no line in PYPI_TORCH_BUILDS"]),
+    (lambda project, rs: set_dep(project, "triton", "triton==3.9.0"), ["pyproject pins triton 3.9.0"]),
+    (lambda project, rs: set_dep(project, "flash-attn-4", "flash-attn-4[cu12]==4.0.0b36", "gpu"),
+     ["the gpu extra's CUDA extras are cu['12', '13']"]),
 ])
 def test_image_drift_is_caught(change, expected):
     project, rs = pyproject(), rayservice()
@@ -106,11 +141,33 @@ def test_image_drift_is_caught(change, expected):
     assert len(drift) == len(expected) and all(line.startswith(p) for line, p in zip(drift, expected)), drift
 
 
-def test_dockerfile_installs_the_gpu_extra_without_build_isolation():
-    text = dockerfile()
-    assert "flash-attn" in " ".join(pyproject()["project"]["optional-dependencies"]["gpu"])
-    assert re.search(r"pip install [^\n]*--no-build-isolation [^\n]*\"\.\[gpu\]\"", text), \
-        "install the project as pip install --no-build-isolation '.[gpu]' (flash-attn builds against torch)"
+def test_a_cuda_12_base_image_is_caught():
+    text = dockerfile().replace("-py311-cu130", "-py311-cu128")
+    drift = cuda_drift(base_image(text), pyproject())
+    assert drift == ["Dockerfile base image has CUDA cu128, PyPI's torch 2.13.0 is built for CUDA 13.0"]
+
+
+def test_installed_torch_and_triton_are_the_pinned_ones():
+    """This machine tests the Triton that GPU machines run; on a CUDA build of torch, also the CUDA version."""
+    import torch
+
+    project = pyproject()
+    assert importlib.metadata.version("triton") == pin(project, "triton"), "reinstall: pip install -e '.[test]'"
+    assert torch.__version__.split("+")[0] == pin(project, "torch")
+    if torch.version.cuda is not None:
+        assert torch.version.cuda == PYPI_TORCH_BUILDS[pin(project, "torch")][0]
+
+
+def test_dockerfile_installs_the_gpu_extra_and_imports_it():
+    """Wheels only (no `--no-build-isolation` compile); the build's last step imports flash-attn 4 and its CuTe
+    DSL native libraries, and checks torch's CUDA against the base image."""
+    text, project = dockerfile(), pyproject()
+    assert pin(project, "flash-attn-4", "gpu")
+    assert re.search(r"^RUN pip install --no-cache-dir \"\.\[gpu\]\"", text, flags=re.MULTILINE), \
+        "install the project as pip install '.[gpu]' (torch comes with it, as pinned)"
+    check = text[text.index('python -c "'):]
+    major = PYPI_TORCH_BUILDS[pin(project, "torch")][0].split(".")[0]
+    assert "flash_attn.cute" in check and "cutlass" in check and f"torch.version.cuda.startswith('{major}.')" in check
 
 
 def test_dockerfile_copies_what_the_wheel_needs_and_dockerignore_keeps_it():

@@ -10,6 +10,8 @@ inside Triton.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton.language as tl
 from triton import knobs
@@ -44,6 +46,12 @@ def check_runnable(name: str, *tensors: torch.Tensor) -> None:
             f"{name}: tensors are on {device}, but compiled Triton kernels need a CUDA device; on the CPU set "
             "TRITON_INTERPRET=1 before triton is first imported, or use the torch reference"
         )
+
+
+def launch_device(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """The context to launch a kernel on `tensor`'s device in: Triton launches on the thread's current CUDA
+    device, which is not `tensor`'s on `cuda:1` unless made so."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
 
 
 def check_dtype(name: str, what: str, tensor: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:

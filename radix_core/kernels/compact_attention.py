@@ -30,6 +30,7 @@ from radix_core.kernels.capability import (
     check_dtype,
     check_ndim,
     check_runnable,
+    launch_device,
 )
 
 _MAX_HEAD_DIM = 256
@@ -183,15 +184,16 @@ def compact_attention(
     tiles = tiles or default_tiles(head_dim)
     scale = head_dim**-0.5 if scale is None else scale
     grid = ((cu_seqlens_q.shape[0] - 1) * num_heads, triton.cdiv(max_seqlen_q, tiles.block_m))
-    _compact_attention_kernel[grid](
-        q, k, v, out, scatter, cu_seqlens_q, cu_seqlens_k, scale * _LOG2_E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, GROUP=num_heads // k.shape[1], HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32; 16-bit ignores it
-        WIDEN=INTERPRETED and q.dtype == torch.bfloat16,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
+    with launch_device(q):
+        _compact_attention_kernel[grid](
+            q, k, v, out, scatter, cu_seqlens_q, cu_seqlens_k, scale * _LOG2_E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, GROUP=num_heads // k.shape[1], HEAD_DIM=head_dim,
+            BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32; 16-bit ignores it
+            WIDEN=INTERPRETED and q.dtype == torch.bfloat16,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )
     return out
 
 

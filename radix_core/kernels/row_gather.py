@@ -22,6 +22,7 @@ from radix_core.kernels.capability import (
     check_dtype,
     check_ndim,
     check_runnable,
+    launch_device,
 )
 
 _MAX_BLOCK_COLS = 1024
@@ -61,7 +62,9 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     block_cols = min(triton.next_power_of_2(x.shape[1]), _MAX_BLOCK_COLS)
     block_rows = _TILE_ELEMENTS // block_cols
     grid = (triton.cdiv(out.shape[0], block_rows), triton.cdiv(out.shape[1], block_cols))
-    _gather_rows_kernel[grid](x, index, out, out.shape[0], out.shape[1], BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols)
+    with launch_device(x):
+        _gather_rows_kernel[grid](x, index, out, out.shape[0], out.shape[1], BLOCK_ROWS=block_rows,
+                                  BLOCK_COLS=block_cols)
     return out
 
 
