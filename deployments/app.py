@@ -3,8 +3,8 @@
     serve run serve_config.yaml                 # import_path: deployments.app:build
     RADIXSERVE_MODEL=/models/tiny serve run serve_config.yaml
 
-Two deployments: `Ingress` (CPU; validation, routing key, splitting) and `EngineReplica` (one GPU each with
-`accelerator: gpu`, routed by `PrefixAffinityRouter`, autoscaled).
+Two deployments: `Ingress` (CPU; validation, tokenization, routing key, splitting) and `EngineReplica` (one GPU
+each with `accelerator: gpu`, routed by `PrefixAffinityRouter`, autoscaled). Both get the one validated `AppArgs`.
 """
 
 from __future__ import annotations
@@ -15,31 +15,22 @@ import ray
 from ray.serve import Application
 
 from deployments.config import AppArgs
-from deployments.engine_replica import EngineReplica, EngineSettings
-from deployments.ingress import Ingress, IngressSettings
+from deployments.engine_replica import EngineReplica
+from deployments.ingress import Ingress
 
 
 def build(args: dict[str, Any] | None = None) -> Application:
     """Validate `args` (unknown keys rejected) and bind the ingress to the engine deployment."""
     app_args = AppArgs.model_validate(args or {})
-    cluster_gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+    cluster_gpus, node_cpus = cluster_shape()
     device = "cuda" if app_args.resolved_accelerator(cluster_gpus) == "gpu" else "cpu"
-    engine = EngineReplica.options(**app_args.engine_options(cluster_gpus)).bind(engine_settings(app_args, device))
-    return Ingress.options(**app_args.ingress_options()).bind(engine, ingress_settings(app_args))
+    engine = EngineReplica.options(**app_args.engine_options(cluster_gpus, node_cpus)).bind(app_args, device)
+    return Ingress.options(**app_args.ingress_options(cluster_gpus)).bind(engine, app_args)
 
 
-def engine_settings(args: AppArgs, device: str) -> EngineSettings:
-    return EngineSettings(
-        model=args.model, device=device, dtype=args.dtype, radix=args.radix, radix_threshold=args.radix_threshold,
-        attention=args.attention, max_items=args.max_items_per_request, max_tokens_per_item=args.max_tokens_per_item,
-        max_batch_tokens=args.max_batch_tokens, batch_wait_timeout_s=args.batch_wait_timeout_s,
-        index_builder=args.index_builder,
-    )
-
-
-def ingress_settings(args: AppArgs) -> IngressSettings:
-    return IngressSettings(
-        model=args.model, max_items=args.max_items_per_request, max_tokens_per_item=args.max_tokens_per_item,
-        max_request_tokens=args.max_request_tokens, max_request_bytes=args.max_request_bytes,
-        api_keys_file=args.api_keys_file, api_keys_env=args.api_keys_env,
-    )
+def cluster_shape() -> tuple[float, float]:
+    """(GPUs in the cluster, CPUs of its largest live node); (0, 1) before Ray is started."""
+    if not ray.is_initialized():
+        return 0.0, 1.0
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    return ray.cluster_resources().get("GPU", 0.0), max((n.get("CPU", 0.0) for n in nodes), default=1.0)

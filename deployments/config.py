@@ -11,15 +11,20 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VIRTUAL_NODES
 
+if TYPE_CHECKING:
+    from radix_core.tasks import TaskConfig
+
 MODEL_ENV = "RADIXSERVE_MODEL"
 DEFAULT_MODEL = "Qwen/Qwen3-Reranker-0.6B"
 ROUTER_CLASS = "deployments.router:PrefixAffinityRouter"
+CPU_INGRESS_CPUS = 0.25  # an ingress beside CPU engines: tokenizing is a small share of a CPU forward
+MIN_ENGINE_CPUS = 0.5
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -85,6 +90,11 @@ class ReplicaSettings(_Settings):
             raise ValueError("set exactly one of num_replicas (a fixed count) or autoscaling (min/max bounds), "
                              f"got num_replicas={self.num_replicas} and autoscaling={self.autoscaling}")
         return self
+
+    @property
+    def initial_replicas(self) -> int:
+        """Replicas at start: the fixed count, or autoscaling's minimum (at least 1)."""
+        return self.num_replicas if self.autoscaling is None else max(1, self.autoscaling.min_replicas)
 
     def to_serve_options(self) -> dict[str, Any]:
         """`{"num_replicas": n}` or `{"autoscaling_config": {...}}` for `Deployment.options()`."""
@@ -166,9 +176,13 @@ class AppArgs(_Settings):
     max_queued_requests: int | None = Field(
         2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
                                 "error (Ray Serve's max_queued_requests); unset for no bound.")
-    engine_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved per engine replica; fractions fit several "
-                                                          "CPU replicas on a small machine.")
-    ingress_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved per ingress replica.")
+    engine_cpus: float | None = Field(
+        None, ge=0.0, description="CPUs reserved per engine replica; a CPU replica runs torch on that many threads "
+                                  "(rounded up). Default: 1 with GPUs; on CPU, the largest node's cores less the "
+                                  "ingress's, shared by the engine replicas.")
+    ingress_cpus: float | None = Field(
+        None, ge=0.0, description="CPUs reserved per ingress replica, which tokenizes every request. Default: 1 "
+                                  "with GPUs, 0.25 on CPU (the engine needs the cores more).")
     engine_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
                                              description="Engine replica count or autoscaling.")
     ingress_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
@@ -207,7 +221,28 @@ class AppArgs(_Settings):
         """gpu or cpu, given `ray.cluster_resources().get("GPU", 0)`; see `resolve_accelerator`."""
         return resolve_accelerator(self.accelerator, cluster_gpus)
 
-    def engine_options(self, cluster_gpus: float) -> dict[str, Any]:
+    def task_config(self) -> TaskConfig:
+        """What the tasks accept, for the ingress (which encodes) and the engine (its library methods)."""
+        from radix_core.tasks import TaskConfig
+
+        return TaskConfig(max_items=self.max_items_per_request, max_tokens=self.max_tokens_per_item)
+
+    def resolved_ingress_cpus(self, cluster_gpus: float) -> float:
+        if self.ingress_cpus is not None:
+            return self.ingress_cpus
+        return 1.0 if self.resolved_accelerator(cluster_gpus) == "gpu" else CPU_INGRESS_CPUS
+
+    def resolved_engine_cpus(self, cluster_gpus: float, node_cpus: float) -> float:
+        """CPUs per engine replica: as set, else 1 beside a GPU, else `node_cpus` (the largest node's) less the
+        ingress's reservation, split between the engine replicas (at least MIN_ENGINE_CPUS each)."""
+        if self.engine_cpus is not None:
+            return self.engine_cpus
+        if self.resolved_accelerator(cluster_gpus) == "gpu":
+            return 1.0
+        ingress = self.resolved_ingress_cpus(cluster_gpus) * self.ingress_replicas.initial_replicas
+        return max(MIN_ENGINE_CPUS, (node_cpus - ingress) / self.engine_replicas.initial_replicas)
+
+    def engine_options(self, cluster_gpus: float, node_cpus: float) -> dict[str, Any]:
         """`Deployment.options()` for the engine: replicas, routing, queue bounds, and the actor's resources."""
         accelerator = self.resolved_accelerator(cluster_gpus)
         return {
@@ -215,13 +250,14 @@ class AppArgs(_Settings):
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": -1 if self.max_queued_requests is None else self.max_queued_requests,
             "request_router_config": self.router.to_request_router_config(),
-            "ray_actor_options": {"num_cpus": self.engine_cpus, "num_gpus": 1 if accelerator == "gpu" else 0},
+            "ray_actor_options": {"num_cpus": self.resolved_engine_cpus(cluster_gpus, node_cpus),
+                                  "num_gpus": 1 if accelerator == "gpu" else 0},
         }
 
-    def ingress_options(self) -> dict[str, Any]:
+    def ingress_options(self, cluster_gpus: float) -> dict[str, Any]:
         """`Deployment.options()` for the ingress (CPU only)."""
         return {**self.ingress_replicas.to_serve_options(), "max_ongoing_requests": self.ingress_max_ongoing_requests,
-                "ray_actor_options": {"num_cpus": self.ingress_cpus}}
+                "ray_actor_options": {"num_cpus": self.resolved_ingress_cpus(cluster_gpus)}}
 
 
 def resolve_accelerator(accelerator: str, cluster_gpus: float) -> Literal["gpu", "cpu"]:

@@ -1,77 +1,61 @@
 """`EngineReplica`: one engine (one GPU with `accelerator: gpu`) behind a token-budget, prefix-grouping batcher.
 
-Requests arrive from the ingress as `(task, request)` with the prefix key and token count the router used.
-The batcher groups requests of one prefix into one batch; the replica's `IndexBuilder` actor tokenizes and
-indexes batch k+1 while batch k runs here; each request gets its own result (or its own error) back.
+Jobs arrive from the ingress already validated and tokenized (`radix_core.tasks.TaskJob`: token ids and what
+finishing needs), with the prefix key and exact token count the router used. The batcher groups jobs of one
+prefix into one batch; the replica's `IndexBuilder` actor indexes batch k+1 while batch k runs here; each job
+gets its own partial result back, which the ingress merges.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from dataclasses import dataclass
+import math
+import os
 from typing import Any
 
 import ray
+import torch
 from ray import serve
 from ray.exceptions import RayActorError
 
 from deployments.batcher import TokenBudgetBatcher
+from deployments.config import AppArgs
+from deployments.index_builder import IndexBuilder, build_batch
 from radix_core import Engine
-from radix_core.tasks import TaskConfig, run_jobs
-from deployments.index_builder import BuiltBatch, IndexBuilder, build_batch
+from radix_core.batch import PreparedBatch
+from radix_core.tasks import TaskJob
 
 logger = logging.getLogger("ray.serve")
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """What an engine replica is built with (derived from `AppArgs` by the app builder)."""
-
-    model: str
-    device: str  # "cuda" or "cpu"
-    dtype: str
-    radix: str
-    radix_threshold: float
-    attention: str
-    max_items: int
-    max_tokens_per_item: int | None
-    max_batch_tokens: int
-    batch_wait_timeout_s: float
-    index_builder: str  # "actor" (pipelined with the device) or "inline" (built, then run)
 
 
 @serve.deployment
 class EngineReplica:
     """Loads the model once, then serves `submit` calls in token-budget batches."""
 
-    def __init__(self, settings: EngineSettings):
-        self.settings = settings
+    def __init__(self, args: AppArgs, device: str):
+        self.args = args
+        if device == "cpu":
+            torch.set_num_threads(cpu_threads())
         self.engine = Engine.from_pretrained(
-            settings.model, device=settings.device, dtype=settings.dtype, radix=settings.radix,
-            radix_threshold=settings.radix_threshold, attention=settings.attention,
-            tasks=TaskConfig(max_items=settings.max_items, max_tokens=settings.max_tokens_per_item))
-        pipelined = settings.index_builder == "actor"
+            args.model, device=device, dtype=args.dtype, radix=args.radix, radix_threshold=args.radix_threshold,
+            attention=args.attention, tasks=args.task_config())
+        pipelined = args.index_builder == "actor"
+        self._builders = itertools.count()
         self.builder = self._new_builder() if pipelined else None
         self.batcher = TokenBudgetBatcher(self._run if pipelined else self._build_and_run,
-                                          settings.max_batch_tokens, settings.batch_wait_timeout_s,
+                                          args.max_batch_tokens, args.batch_wait_timeout_s,
                                           prepare=self._build if pipelined else None)
 
-    async def submit(self, task: str, request: dict[str, Any], *, prefix_key: str | None = None,
-                     num_tokens: int = 1) -> Any:
-        """One request's result; `prefix_key` and `num_tokens` are the routing contract (deployments.router)."""
-        result = await self.batcher.submit((task, request), num_tokens, prefix_key)
-        if isinstance(result, ValueError):
-            raise result
-        return result
+    async def submit(self, job: TaskJob, *, prefix_key: str | None = None, num_tokens: int = 1) -> Any:
+        """One job's partial result; `prefix_key` and `num_tokens` are the routing contract (deployments.router)."""
+        return await self.batcher.submit(job, num_tokens, prefix_key)
 
     def info(self) -> dict[str, Any]:
-        return {**self.engine.info, "index_builder": self.settings.index_builder,
-                "max_batch_tokens": self.settings.max_batch_tokens}
-
-    def stats(self) -> dict[str, float]:
-        """Batch counters and mean queue, build, wait and forward seconds over recent batches."""
-        return self.batcher.stats.summary()
+        return {**self.engine.info, "index_builder": self.args.index_builder,
+                "max_batch_tokens": self.args.max_batch_tokens, "torch_threads": torch.get_num_threads(),
+                "batcher": self.batcher.stats.summary()}
 
     async def check_health(self) -> None:
         """Serve's health probe: a dead IndexBuilder is replaced here rather than failing the replica."""
@@ -81,30 +65,40 @@ class EngineReplica:
             await asyncio.wait_for(self.builder.ping.remote(), timeout=10)
         except (RayActorError, asyncio.TimeoutError):
             logger.warning("IndexBuilder did not answer its health ping; starting a new one")
-            self.builder = self._new_builder()
+            self._replace_builder()
 
     def _new_builder(self):
-        """The replica's IndexBuilder actor (no CPU reserved: it shares the replica's), named after the replica."""
-        name = f"index-builder-{serve.get_replica_context().replica_id.unique_id}"
+        """A new IndexBuilder actor (no CPU reserved: it shares the replica's), named after the replica and its
+        generation, so a replacement never collides with the name of one that is still shutting down."""
+        replica = serve.get_replica_context().replica_id.unique_id
+        name = f"index-builder-{replica}-{next(self._builders)}"
         actor = ray.remote(num_cpus=0, name=name, lifetime=None)(IndexBuilder)
-        return actor.remote(self.engine.context, self.engine.limits, self.settings.radix)
+        return actor.remote(self.engine.limits, self.args.radix)
 
-    async def _build(self, items: list[tuple[str, dict[str, Any]]]) -> BuiltBatch:
+    def _replace_builder(self) -> None:
+        ray.kill(self.builder, no_restart=True)
+        self.builder = self._new_builder()
+
+    async def _build(self, jobs: list[TaskJob]) -> tuple[list[TaskJob], PreparedBatch]:
         try:
-            return await self.builder.build.remote(items)
+            return jobs, await self.builder.build.remote(jobs)
         except RayActorError:
             logger.warning("IndexBuilder died while building a batch; starting a new one and retrying")
-            self.builder = self._new_builder()
-            return await self.builder.build.remote(items)
+            self._replace_builder()
+            return jobs, await self.builder.build.remote(jobs)
 
-    async def _run(self, built: BuiltBatch) -> list[Any]:
-        """Results in request order: each encoded job's result, or the ValueError its input raised."""
-        ok = iter(await asyncio.to_thread(run_jobs, self.engine, built.ok_jobs, built.prepared)
-                  if built.prepared is not None else [])
-        return [job if isinstance(job, ValueError) else next(ok) for job in built.jobs]
+    async def _run(self, built: tuple[list[TaskJob], PreparedBatch]) -> list[Any]:
+        """Each job's partial result, in order, from the batch the IndexBuilder prepared."""
+        return await asyncio.to_thread(self.engine.run_jobs, *built)
 
-    async def _build_and_run(self, items: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    async def _build_and_run(self, jobs: list[TaskJob]) -> list[Any]:
         """`index_builder: inline`: build and run one after the other (the pipeline benchmark's baseline)."""
-        built = await asyncio.to_thread(build_batch, self.engine.context, self.engine.limits, self.settings.radix,
-                                        items)
-        return await self._run(built)
+        prepared = await asyncio.to_thread(build_batch, self.engine.limits, self.args.radix, jobs)
+        return await asyncio.to_thread(self.engine.run_jobs, jobs, prepared)
+
+
+def cpu_threads() -> int:
+    """Torch threads of a CPU replica: its CPU reservation rounded up, at most the machine's cores (Ray sets
+    OMP_NUM_THREADS to 1 for a fractional reservation, so torch would otherwise run on one core)."""
+    reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    return max(1, min(math.ceil(reserved), os.cpu_count() or 1))

@@ -1,25 +1,26 @@
-"""Protobuf <-> library values for the gRPC API, in one place: request messages become the keyword-argument dicts of
-the `radix_core.Engine` task methods (`from_pb`), task results and the info dict become response messages
-(`to_pb`, `info_to_pb`). No validation here: the library checks the values and says what is wrong.
+"""Protobuf <-> library values for the gRPC API, in one place and with no table per task: a request message becomes
+the keyword-argument dict of its task (`from_pb`); a task's response fields (`Task.to_dict`) become the
+`{rpc}Response` message of its rpc (`to_pb`), and the info dict an `InfoResponse`. No validation here: the tasks
+check the values and say what is wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
+from radix_core.tasks import Task
 from radixserve.v1 import scoring_pb2 as pb
 
-RESPONSES: dict[str, type[Message]] = {
-    "rerank": pb.RerankResponse, "embed": pb.EmbedResponse, "classify": pb.ClassifyResponse,
-    "score": pb.ScoreResponse,
-}
+SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
 
 
 def from_pb(request: Message) -> dict[str, Any]:
-    """The task method's keyword arguments: each field under its own name (the proto names them after the library's
+    """The task's keyword arguments: each field under its own name (the proto names them after the library's
     arguments), repeated fields as lists; an unset `optional` field is left out so the library default applies."""
     kwargs = {}
     for field in request.DESCRIPTOR.fields:
@@ -30,13 +31,31 @@ def from_pb(request: Message) -> dict[str, Any]:
     return kwargs
 
 
-def to_pb(task: str, result: Any) -> Message:
+def response_type(task: Task) -> type[Message]:
+    """The message class `task.rpc` answers with."""
+    return message_factory.GetMessageClass(SERVICE.methods_by_name[task.rpc].output_type)
+
+
+def to_pb(task: Task, result: Any) -> Message:
     """The response message of `task` for its result (`RerankResult`, `EmbedResult`, ...)."""
-    return _ENCODERS[task](result)
+    return message_from_dict(response_type(task), task.to_dict(result))
 
 
-def usage_to_pb(usage: Any) -> pb.Usage:
-    return pb.Usage(input_tokens=usage.input_tokens, computed_tokens=usage.computed_tokens)
+def message_from_dict(message: type[Message], fields: dict[str, Any]) -> Message:
+    """`message(**fields)` with nested dicts (and lists of dicts) built as their field's message type; numpy arrays
+    pass as lists (protobuf copies a list of floats in C, 1024 x 4096 floats in tens of milliseconds)."""
+    descriptor: Descriptor = message.DESCRIPTOR
+    values = {}
+    for name, value in fields.items():
+        field = descriptor.fields_by_name[name]
+        if field.message_type is not None:
+            nested = message_factory.GetMessageClass(field.message_type)
+            value = [message_from_dict(nested, v) for v in value] if field.is_repeated else \
+                message_from_dict(nested, value)
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        values[name] = value
+    return message(**values)
 
 
 def info_to_pb(info: dict[str, Any]) -> pb.InfoResponse:
@@ -44,30 +63,3 @@ def info_to_pb(info: dict[str, Any]) -> pb.InfoResponse:
     limits = pb.Limits(**{name: info[name] for name in pb.Limits.DESCRIPTOR.fields_by_name})
     fields = {name: info[name] for name in pb.InfoResponse.DESCRIPTOR.fields_by_name if name != "limits"}
     return pb.InfoResponse(**fields, limits=limits)
-
-
-def _rerank_to_pb(result: Any) -> pb.RerankResponse:
-    hits = [pb.RerankHit(index=hit.index, score=hit.score, document=hit.document) for hit in result.results]
-    return pb.RerankResponse(results=hits, usage=usage_to_pb(result.usage))
-
-
-def _embed_to_pb(result: Any) -> pb.EmbedResponse:
-    vectors = [pb.Embedding(values=row) for row in result.embeddings.tolist()]  # (n, d) -> n messages
-    return pb.EmbedResponse(embeddings=vectors, usage=usage_to_pb(result.usage))
-
-
-def _classify_to_pb(result: Any) -> pb.ClassifyResponse:
-    rows = [pb.Classification(probabilities=row, label=label)
-            for row, label in zip(result.probabilities.tolist(), result.predictions)]  # (n, L) -> n messages
-    return pb.ClassifyResponse(labels=result.labels, results=rows, usage=usage_to_pb(result.usage))
-
-
-def _score_to_pb(result: Any) -> pb.ScoreResponse:
-    scores = [pb.ContinuationScore(index=s.index, logprob=s.logprob, mean_logprob=s.mean_logprob,
-                                   num_tokens=s.num_tokens) for s in result.scores]
-    return pb.ScoreResponse(scores=scores, usage=usage_to_pb(result.usage))
-
-
-_ENCODERS: dict[str, Callable[[Any], Message]] = {
-    "rerank": _rerank_to_pb, "embed": _embed_to_pb, "classify": _classify_to_pb, "score": _score_to_pb,
-}

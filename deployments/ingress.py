@@ -1,18 +1,20 @@
-"""`Ingress`: the CPU front door. Validates a request, derives its prefix key, splits it into token-bounded
-sub-requests that keep that key, sends them to the engine deployment and merges the answers.
+"""`Ingress`: the CPU front door. Validates, renders and tokenizes each request exactly once, derives its prefix
+key from the token ids, splits it into token-bounded sub-jobs that keep that key, sends them to the engine
+deployment and merges the answers. Every bad-input error is raised here, before anything is queued; the CPU work
+(tokenizing, merging, protobuf conversion) runs in worker threads, never on the event loop.
 
-Two faces: library-shaped methods (`rerank(request_dict)`, ...) for DeploymentHandle callers, and methods named
-after the gRPC calls (`Rerank`, ..., `Info`; `Check`, `List`, `Watch` of grpc.health.v1) that Ray Serve's gRPC
-proxy invokes with the request message and a `RayServegRPCContext`. Those check the API key and the message size,
-convert with `grpc_codec`, call the library-shaped method, and answer an error by setting the status code
-(`grpc_status`) on the context and returning an empty response: Ray sends that code and message, never a stack
-trace. (A method missing here that a registered servicer declares would answer INTERNAL with Ray's stack trace,
-so every method of grpc.health.v1.Health is defined.)
+Two faces: `call(task, request_dict)` for DeploymentHandle callers, and methods named after the gRPC calls
+(`Rerank`, ... for every task in `radix_core.tasks.TASKS`, named by `Task.rpc`; `Info`; `Check`, `List`, `Watch`
+of grpc.health.v1) that Ray Serve's gRPC proxy invokes with the request message and a `RayServegRPCContext`.
+Those check the API key and the message size, convert with `grpc_codec`, and answer an error by setting the
+status code (`grpc_status`) on the context and returning an empty response: Ray sends that code and message,
+never a stack trace. (A method missing here that a registered servicer declares would answer INTERNAL with Ray's
+stack trace, so every method of grpc.health.v1.Health is defined.)
 
-The prefix key is a hash of (model, task, the text every sequence of the request starts with): the template's
-system prompt, instruction and query for rerank, the instruction for embed, the few-shot prefix for classify,
-the context for score. `PrefixAffinityRouter` sends one key to one engine replica, where the batcher puts the
-sub-requests of one prefix into one batch, so the prefix is computed once there.
+The prefix key is a hash of the token ids every sequence of the request starts with (`TaskJob.shared_ids`: the
+template's system prompt, instruction and query for rerank, the instruction for embed, the few-shot prefix for
+classify, the context for score), exactly what the radix trie deduplicates. `PrefixAffinityRouter` sends one key
+to one engine replica, where the batcher puts the sub-jobs of one prefix into one batch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -33,8 +34,9 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments import grpc_codec
 from deployments.auth import load_api_keys
+from deployments.config import AppArgs
 from deployments.grpc_status import status_of
-from radix_core.tasks import TASKS, TaskConfig, load_task_context, merge_results, routing_prefix, split_request
+from radix_core.tasks import TASKS, Task, TaskJob, load_task_context, task_of
 from radixserve import __version__
 from radixserve.v1 import scoring_pb2 as pb
 
@@ -44,64 +46,53 @@ HEALTH_TIMEOUT_S = 5.0  # Check answers NOT_SERVING when no engine replica answe
 HEALTH_SERVICES = ("", "radixserve.v1.Scoring")  # the server as a whole, and the one service it offers
 
 
-@dataclass(frozen=True)
-class IngressSettings:
-    model: str
-    max_items: int  # items (documents, texts, inputs, continuations) per request
-    max_tokens_per_item: int | None
-    max_request_tokens: int  # larger requests become several sub-requests with the same prefix key
-    max_request_bytes: int  # larger gRPC request messages are refused with RESOURCE_EXHAUSTED
-    api_keys_file: str | None  # where the gRPC API keys live (auth.load_api_keys); neither set: auth off
-    api_keys_env: str | None
+def prefix_key(job: TaskJob) -> str | None:
+    """A stable hash (unlike Python's `hash`) of the ids every sequence of the job starts with; None without
+    any, so requests that share nothing are placed by load alone."""
+    shared = job.shared_ids
+    if shared.size == 0:
+        return None
+    return hashlib.blake2b(shared.astype("<i4").tobytes(), digest_size=16).hexdigest()
 
 
-def prefix_key(model: str, task: str, shared_prefix: str) -> str:
-    """Stable across processes and restarts (unlike Python's `hash`)."""
-    return hashlib.blake2b(f"{model}\0{task}\0{shared_prefix}".encode(), digest_size=16).hexdigest()
+def _task_rpc_method(task: Task) -> Callable:
+    """The gRPC method `task.rpc` (Ray's proxy calls the ingress method named after the rpc)."""
+    async def method(self: Ingress, request: Message, grpc_context: RayServegRPCContext) -> Message:
+        return await self._task_rpc(task, request, grpc_context)
+
+    method.__name__ = method.__qualname__ = task.rpc
+    method.__doc__ = f"radixserve.v1.Scoring/{task.rpc}: the {task.name} task."
+    return method
+
+
+def _with_task_rpcs(cls: type) -> type:
+    """`cls` with one gRPC method per task in the registry, named after `Task.rpc`."""
+    for task in TASKS.values():
+        setattr(cls, task.rpc, _task_rpc_method(task))
+    return cls
 
 
 @serve.deployment
+@_with_task_rpcs
 class Ingress:
-    """Library-shaped calls (`rerank(request)` with the `Engine.rerank` keyword arguments as a dict, ...), and the
-    gRPC calls of `radixserve.v1.Scoring` and `grpc.health.v1.Health`."""
+    """`call(task, request)` with the `Engine` method's keyword arguments as a dict, and the gRPC calls of
+    `radixserve.v1.Scoring` and `grpc.health.v1.Health`."""
 
-    def __init__(self, engine: DeploymentHandle, settings: IngressSettings):
+    def __init__(self, engine: DeploymentHandle, args: AppArgs):
         self.engine = engine
-        self.settings = settings
-        self.api_keys = load_api_keys(settings.api_keys_file, settings.api_keys_env)
-        self.context = load_task_context(settings.model, TaskConfig(max_items=settings.max_items,
-                                                                    max_tokens=settings.max_tokens_per_item))
+        self.args = args
+        self.api_keys = load_api_keys(args.api_keys_file, args.api_keys_env)
+        self.context = load_task_context(args.model, args.task_config())
 
-    async def rerank(self, request: dict[str, Any]):
-        return await self._call("rerank", request)
-
-    async def embed(self, request: dict[str, Any]):
-        return await self._call("embed", request)
-
-    async def classify(self, request: dict[str, Any]):
-        return await self._call("classify", request)
-
-    async def score(self, request: dict[str, Any]):
-        return await self._call("score", request)
+    async def call(self, task: str, request: dict[str, Any]) -> Any:
+        """The task's result for one request; a ValueError names what is wrong before anything is queued."""
+        return await self._answer(task_of(task), request)
 
     async def info(self) -> dict[str, Any]:
         engine = await self.engine.info.remote()
-        return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.settings.max_items,
-                "max_tokens_per_item": self.context.token_limit,
-                "max_request_tokens": self.settings.max_request_tokens,
-                "max_request_bytes": self.settings.max_request_bytes}
-
-    async def Rerank(self, request: pb.RerankRequest, grpc_context: RayServegRPCContext) -> pb.RerankResponse:
-        return await self._task_rpc("rerank", request, grpc_context)
-
-    async def Embed(self, request: pb.EmbedRequest, grpc_context: RayServegRPCContext) -> pb.EmbedResponse:
-        return await self._task_rpc("embed", request, grpc_context)
-
-    async def Classify(self, request: pb.ClassifyRequest, grpc_context: RayServegRPCContext) -> pb.ClassifyResponse:
-        return await self._task_rpc("classify", request, grpc_context)
-
-    async def Score(self, request: pb.ScoreRequest, grpc_context: RayServegRPCContext) -> pb.ScoreResponse:
-        return await self._task_rpc("score", request, grpc_context)
+        return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.max_items_per_request,
+                "max_tokens_per_item": self.context.token_limit, "max_request_tokens": self.args.max_request_tokens,
+                "max_request_bytes": self.args.max_request_bytes}
 
     async def Info(self, request: pb.InfoRequest, grpc_context: RayServegRPCContext) -> pb.InfoResponse:
         async def answer() -> pb.InfoResponse:
@@ -132,11 +123,12 @@ class Ingress:
         grpc_context.set_details("grpc.health.v1.Health/Watch is not offered: poll Health/Check")
         raise NotImplementedError("grpc.health.v1.Health/Watch is not offered")
 
-    async def _task_rpc(self, task: str, request: Message, grpc_context: RayServegRPCContext) -> Message:
-        """One Scoring task call: the request message as the library's arguments, the result as its response."""
+    async def _task_rpc(self, task: Task, request: Message, grpc_context: RayServegRPCContext) -> Message:
+        """One Scoring task call: the request message as the task's arguments, the result as its response."""
         async def answer() -> Message:
-            return grpc_codec.to_pb(task, await self._call(task, grpc_codec.from_pb(request)))
-        return await self._rpc(request, grpc_context, grpc_codec.RESPONSES[task], answer)
+            result = await self._answer(task, grpc_codec.from_pb(request))
+            return await asyncio.to_thread(grpc_codec.to_pb, task, result)
+        return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer)
 
     async def _rpc(self, request: Message, grpc_context: RayServegRPCContext, response: type[Message],
                    answer: Callable[[], Awaitable[Message]]) -> Message:
@@ -158,7 +150,7 @@ class Ingress:
         unauthenticated = self.api_keys.refusal(grpc_context.invocation_metadata())
         if unauthenticated is not None:
             return grpc.StatusCode.UNAUTHENTICATED, unauthenticated
-        size, limit = request.ByteSize(), self.settings.max_request_bytes
+        size, limit = request.ByteSize(), self.args.max_request_bytes
         if size > limit:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, (f"request message is {size} bytes, over the limit of {limit} "
                                                         "bytes (max_request_bytes): split it into smaller requests")
@@ -173,9 +165,15 @@ class Ingress:
             return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
-    async def _call(self, task: str, request: dict[str, Any]):
-        key = prefix_key(self.settings.model, task, routing_prefix(self.context, task, request))
-        parts = split_request(self.context, task, request, self.settings.max_request_tokens)
-        results = await asyncio.gather(*(self.engine.submit.remote(task, sub, prefix_key=key, num_tokens=tokens)
-                                         for sub, tokens in parts))
-        return merge_results(task, request, results)
+    async def _answer(self, task: Task, request: dict[str, Any]) -> Any:
+        """Encode (in a worker thread), split, submit every part with the request's key, merge."""
+        job, parts = await asyncio.to_thread(self._encode, task, request)
+        key = prefix_key(job)
+        partials = await asyncio.gather(*(self.engine.submit.remote(part, prefix_key=key, num_tokens=part.num_tokens)
+                                          for part in parts))
+        return await asyncio.to_thread(task.merge, job, partials)
+
+    def _encode(self, task: Task, request: dict[str, Any]) -> tuple[TaskJob, list[TaskJob]]:
+        job = task.encode(self.context, request)
+        return job, task.split(job, self.args.max_request_tokens)
+

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
+from radix_core.tokens import TokenSequences
 
 MODES = ("off", "mlp", "full")
 RADIX_CHOICES = ("auto", *MODES)
@@ -46,11 +47,12 @@ class PreparedBatch:
         return int(self.cu_seqlens.shape[0]) - 1
 
 
-def prepare_batch(sequences: Sequence[Sequence[int]], mode: str, limits: BatchLimits) -> PreparedBatch:
+def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str,
+                  limits: BatchLimits) -> PreparedBatch:
     """Check `sequences` against `limits`, index them and resolve `mode` ("auto" per batch compression)."""
     if mode not in RADIX_CHOICES:
         raise ValueError(f"unknown radix mode {mode!r}: choose one of {', '.join(RADIX_CHOICES)}")
-    input_ids, cu_seqlens = flatten_sequences(sequences)
+    input_ids, cu_seqlens = _flat(sequences)
     check_tokens(input_ids, cu_seqlens, limits)
     if mode == "off":
         return PreparedBatch(input_ids, cu_seqlens, "off", None)
@@ -58,6 +60,18 @@ def prepare_batch(sequences: Sequence[Sequence[int]], mode: str, limits: BatchLi
     if mode == "auto":
         mode = "full" if index.compression <= limits.radix_threshold else "off"
     return PreparedBatch(input_ids, cu_seqlens, mode, index if mode != "off" else None)
+
+
+def _flat(sequences: TokenSequences | Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids `(N,)`, `cu_seqlens` `(B+1,)`), both int64; an empty batch or sequence is a ValueError."""
+    if not isinstance(sequences, TokenSequences):
+        return flatten_sequences(sequences)
+    if len(sequences) == 0:
+        raise ValueError("the batch is empty: give at least one sequence")
+    empty = np.flatnonzero(sequences.lengths == 0)
+    if empty.size:
+        raise ValueError(f"sequence {int(empty[0])} is empty: every sequence needs at least one token")
+    return sequences.ids.astype(np.int64), sequences.cu.astype(np.int64, copy=False)
 
 
 def check_tokens(input_ids: np.ndarray, cu_seqlens: np.ndarray, limits: BatchLimits) -> None:

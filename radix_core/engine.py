@@ -14,7 +14,7 @@ Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,40 +23,13 @@ from radix_core import tasks as text_tasks
 from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import make_backend
 from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
-from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
-from radix_core.tasks import BatchView, TaskConfig, TaskContext, encode_task, run_jobs
+from radix_core.forward import plan_compact, plan_ragged, run_layers
+from radix_core.forward_result import ForwardResult
+from radix_core.tasks import TaskConfig, TaskContext, TaskJob, finish_jobs, task_of
 from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
+from radix_core.tokens import TokenSequences
 
 DEFAULT_RADIX_THRESHOLD = 0.9
-
-
-@dataclass
-class ForwardResult:
-    """Hidden states of one batch's computed rows, and how original tokens map onto them."""
-
-    plan: BatchPlan
-    hidden: torch.Tensor  # (R, hidden) final-normed
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens in the batch."""
-        return self.plan.num_tokens
-
-    @property
-    def num_computed(self) -> int:
-        """Rows actually computed position-wise after deduplication."""
-        return self.plan.num_rows
-
-    def rows_at(self, sequence_positions: Sequence[Sequence[int]], first: int = 0) -> list[torch.Tensor]:
-        """Per sequence `first + i`, the (int64) computed rows holding `sequence_positions[i]` (negative counts
-        from the end)."""
-        cu = self.plan.cu_seqlens
-        rows = []
-        for s, positions in enumerate(sequence_positions, start=first):
-            length = int(cu[s + 1] - cu[s])
-            pos = torch.as_tensor(positions, dtype=torch.int64).remainder(length)  # (P,)
-            rows.append(self.plan.row_of_token[pos.to(self.hidden.device) + int(cu[s])])
-        return rows
 
 
 class Engine:
@@ -109,7 +82,7 @@ class Engine:
 
     @property
     def context(self) -> TaskContext:
-        """What the CPU half of the text tasks reads (`radix_core.tasks.encode_task`), picklable, no weights."""
+        """What the CPU half of the text tasks reads (`Task.encode`), picklable, no weights."""
         return TaskContext(self.model, self.arch.family, self.arch.head, self.arch.hidden_size, self.arch.max_seq_len,
                            self.prompts, self.task_config)
 
@@ -117,7 +90,7 @@ class Engine:
     def limits(self) -> BatchLimits:
         return BatchLimits(self.arch.vocab_size, self.arch.max_seq_len, self.radix_threshold)
 
-    def prepare(self, sequences: Sequence[Sequence[int]], mode: str | None = None) -> PreparedBatch:
+    def prepare(self, sequences: TokenSequences | Sequence[Sequence[int]], mode: str | None = None) -> PreparedBatch:
         """The CPU half of a forward: check, index and choose the mode (`radix_core.batch.prepare_batch`)."""
         return prepare_batch(sequences, self.radix if mode is None else mode, self.limits)
 
@@ -128,7 +101,7 @@ class Engine:
             plan = plan_ragged(prepared.input_ids, prepared.cu_seqlens, self.device)
         else:
             plan = plan_compact(prepared.index, prepared.mode, self.device)
-        return ForwardResult(plan, run_layers(self.arch, plan, self.backend))
+        return ForwardResult(prepared, plan, run_layers(self.arch, plan, self.backend), self.arch.head_module)
 
     def forward(self, sequences: Sequence[Sequence[int]], mode: str | None = None) -> ForwardResult:
         """Run a batch of token-id lists; `mode` overrides the engine's radix mode for this call."""
@@ -143,30 +116,36 @@ class Engine:
     def last_hidden_states(self, sequences, mode: str | None = None) -> torch.Tensor:
         """(B, hidden) final-normed hidden state of each sequence's last token."""
         result = self.forward(sequences, mode)
-        return result.hidden.index_select(0, torch.cat(result.rows_at([[-1]] * len(sequences))))
+        rows = result.rows(np.arange(len(sequences)), np.full(len(sequences), -1))  # (B,)
+        return result.hidden.index_select(0, torch.from_numpy(rows).to(result.hidden.device))
 
     def lm_logits(self, sequences, positions: Sequence[Sequence[int]] | None = None,
                   mode: str | None = None) -> list[torch.Tensor]:
-        """Per sequence `(P_i, vocab)` LM logits at `positions[i]` (default: the last token), computed once per
-        distinct compact row."""
+        """Per sequence `(P_i, vocab)` float32 LM logits at `positions[i]` (default: the last token), computed once
+        per distinct compact row."""
         result = self.forward(sequences, mode)
-        return self.head_at(result, positions if positions is not None else [[-1]] * len(sequences))
+        positions = positions if positions is not None else [[-1]] * len(sequences)
+        return self._head_at(result, positions)
 
     def classification_scores(self, sequences, mode: str | None = None) -> torch.Tensor:
-        """(B, num_labels) sequence-classification logits at each sequence's last token."""
+        """(B, num_labels) float32 sequence-classification logits at each sequence's last token."""
         result = self.forward(sequences, mode)
-        return torch.cat(self.head_at(result, [[-1]] * len(sequences)))
+        return torch.cat(self._head_at(result, [[-1]] * len(sequences)))
 
-    @torch.inference_mode()
-    def head_at(self, result: ForwardResult | BatchView, positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Per sequence `(P_i, out)` head outputs at `positions[i]` (of a batch, or of one job's view of it); the
-        head runs on distinct rows only."""
-        if self.arch.head_module is None:
-            raise ValueError(f"model {self.model!r} is a base model without an LM or score head")
-        rows = result.rows_at(positions)
-        unique, inverse = torch.cat(rows).unique(return_inverse=True)  # (U,), (sum P_i,)
-        out = self.arch.head_module(result.hidden.index_select(0, unique)).float()  # (U, out)
-        return list(out.index_select(0, inverse).split([len(r) for r in rows]))
+    def run_jobs(self, jobs: Sequence[TaskJob], prepared: PreparedBatch | None = None) -> list[Any]:
+        """Run the jobs' sequences as one batch and finish each (`Task.finish`); partial results in job order.
+
+        `prepared`: the batch prepared elsewhere (e.g. in an index-building process) from exactly the jobs'
+        concatenated sequences; checked by sequence lengths. Without it the engine prepares the batch.
+        """
+        sequences = TokenSequences.concat([job.sequences for job in jobs])
+        if prepared is None:
+            prepared = self.prepare(sequences)
+        elif not np.array_equal(np.diff(prepared.cu_seqlens), sequences.lengths):
+            raise ValueError(f"the prepared batch ({prepared.num_sequences} sequences, {prepared.num_tokens} "
+                             f"tokens) is not these jobs' sequences ({len(sequences)}, {sequences.num_tokens} "
+                             f"tokens): prepare exactly the concatenation of the jobs' sequences, in job order")
+        return finish_jobs(self.run(prepared), jobs)
 
     def rerank(self, query: str, documents: Sequence[str], instruction: str | None = None, top_n: int | None = None,
                return_documents: bool = False, raw_scores: bool = False,
@@ -191,9 +170,21 @@ class Engine:
         """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring`)."""
         return self._run_task("score", context=context, continuations=continuations)
 
-    def _run_task(self, task: str, **request):
-        """One request of `task` as a batch of its own."""
-        return run_jobs(self, [encode_task(self.context, task, request)])[0]
+    def _run_task(self, name: str, **request):
+        """One request of task `name` as a batch of its own."""
+        task = task_of(name)
+        job = task.encode(self.context, request)
+        return task.merge(job, self.run_jobs([job]))
+
+    def _head_at(self, result: ForwardResult, positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Per sequence `(P_i, out)` head outputs at `positions[i]`, from one head pass over distinct rows."""
+        if self.arch.head_module is None:
+            raise ValueError(f"model {self.model!r} is a base model without an LM or score head")
+        counts = [len(p) for p in positions]
+        sequences = np.repeat(np.arange(len(positions)), counts)  # (P,)
+        flat = np.array([p for ps in positions for p in ps], dtype=np.int64)  # (P,)
+        out = torch.from_numpy(result.head_outputs(result.rows(sequences, flat)))  # (P, out)
+        return list(out.split(counts))
 
 
 def resolve_device(device) -> torch.device:

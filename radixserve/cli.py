@@ -6,20 +6,17 @@ what they need (torch, radix_core, grpc) inside, so `import radixserve.cli` and 
 stay fast; the choices below are therefore spelled out here and a test checks them against
 radix_core.tiny_models.
 
-The client subcommands (rerank, embed, classify, score, info) call the gRPC API through
-`radixserve.client.ScoringClient` and print its answer as JSON; they send what they are given, so the
-server's validation speaks, as `CODE: message` on stderr with exit status 1.
+The client subcommands (one per rpc of the gRPC API: rerank, embed, classify, score, info) are made from
+the proto's descriptor, call it through `radixserve.client.ScoringClient` and print its answer as JSON; they
+send what they are given, so the server's validation speaks, as `CODE: message` on stderr with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from radixserve.launcher import add_subcommand as _add_serve
 
@@ -74,107 +71,65 @@ def _run_make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_rerank(subparsers: argparse._SubParsersAction) -> None:
-    """`rerank --query Q --document D [--document D ...]`: documents scored against the query, best first."""
-    parser = _add_client_command(subparsers, "rerank", "score documents against a query", _run_rerank)
-    parser.add_argument("--query", default="", help="the query")
-    parser.add_argument("--document", action="append", default=[], help="a document (repeat for more)")
-    parser.add_argument("--top-n", type=int, help="return only the best N documents")
-    parser.add_argument("--instruction", help="task instruction (default: the model template's)")
+def _add_client_commands(subparsers: argparse._SubParsersAction) -> None:
+    """One subcommand per rpc of radixserve.v1.Scoring (`rerank`, `embed`, ..., `info`), with one option per
+    request field, made from the proto's descriptor: a repeated field takes its option once per value and may be
+    spelled singular (`--document A --document B`), a bool field is `--flag`/`--no-flag`; an option left out
+    leaves the field unset, so the server's default applies."""
+    from radixserve.client import SERVICE
+
+    for method in SERVICE.methods:
+        _add_client_command(subparsers, method)
 
 
-def _run_rerank(args: argparse.Namespace) -> int:
-    return _call_server(args, lambda client: client.rerank(args.query, args.document, instruction=args.instruction,
-                                                           top_n=args.top_n))
-
-
-def _add_embed(subparsers: argparse._SubParsersAction) -> None:
-    """`embed --text T [--text T ...]`: one vector per text."""
-    parser = _add_client_command(subparsers, "embed", "embed texts", _run_embed)
-    parser.add_argument("--text", action="append", default=[], help="a text (repeat for more)")
-    parser.add_argument("--instruction", help="query instruction shared by the texts (default: none)")
-    parser.add_argument("--dimensions", type=int, help="keep the first D components (default: all)")
-
-
-def _run_embed(args: argparse.Namespace) -> int:
-    return _call_server(args, lambda client: client.embed(args.text, instruction=args.instruction,
-                                                          dimensions=args.dimensions))
-
-
-def _add_classify(subparsers: argparse._SubParsersAction) -> None:
-    """`classify --input I [...] --label L [...]`: each label's probability after each input."""
-    parser = _add_client_command(subparsers, "classify", "classify inputs by label probability", _run_classify)
-    parser.add_argument("--input", action="append", default=[], help="an input (repeat for more)")
-    parser.add_argument("--label", action="append", default=[], help="a label (repeat for more)")
-    parser.add_argument("--prefix", default="", help="few-shot text before every input (default: none)")
-
-
-def _run_classify(args: argparse.Namespace) -> int:
-    return _call_server(args, lambda client: client.classify(args.input, args.label, prefix=args.prefix))
-
-
-def _add_score(subparsers: argparse._SubParsersAction) -> None:
-    """`score --context C --continuation T [...]`: log-probability of each continuation after the context."""
-    parser = _add_client_command(subparsers, "score", "score continuations of a context", _run_score)
-    parser.add_argument("--context", default="", help="the text every continuation follows")
-    parser.add_argument("--continuation", action="append", default=[], help="a continuation (repeat for more)")
-
-
-def _run_score(args: argparse.Namespace) -> int:
-    return _call_server(args, lambda client: client.score(args.context, args.continuation))
-
-
-def _add_info(subparsers: argparse._SubParsersAction) -> None:
-    """`info`: the served model, tasks, limits, radix mode and version."""
-    _add_client_command(subparsers, "info", "show the server's model, limits and version", _run_info)
-
-
-def _run_info(args: argparse.Namespace) -> int:
-    return _call_server(args, lambda client: client.info())
-
-
-def _add_client_command(subparsers: argparse._SubParsersAction, name: str, help_text: str,
-                        run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-    """A subcommand that calls the gRPC API: its parser with the connection options."""
+def _add_client_command(subparsers: argparse._SubParsersAction, method) -> None:
+    """The subcommand of one rpc: its connection options and the request message's fields."""
+    name = method.name.lower()
     parser = subparsers.add_parser(
-        name, help=help_text,
-        description=f"Call the radixserve gRPC API and print the answer as JSON; a server error prints "
-                    f"'CODE: message' on stderr and exits with status 1. {help_text[0].upper()}{help_text[1:]}.")
+        name, help=f"call {method.name}",
+        description=f"Call radixserve.v1.Scoring/{method.name} and print the answer ({method.output_type.name}) as "
+                    "JSON; a server error prints 'CODE: message' on stderr and exits with status 1.")
     parser.add_argument("--address", default="localhost:9000", help="HOST:PORT of the server (default: %(default)s)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                         help=f"API key, sent as 'authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per attempt (default: %(default)s)")
-    parser.set_defaults(func=run)
-    return parser
+    fields = parser.add_argument_group("request fields")
+    for field in method.input_type.fields:
+        _add_field_option(fields, field)
+    parser.set_defaults(func=_run_client_command, rpc=method.name, fields=[f.name for f in method.input_type.fields])
 
 
-def _call_server(args: argparse.Namespace, call: Callable[[Any], Any]) -> int:
-    """Run `call(client)`, print its result as JSON; on a gRPC error print `CODE: message` on stderr, return 1."""
+def _add_field_option(group: argparse._ArgumentGroup, field) -> None:
+    option = "--" + field.name.replace("_", "-")
+    kind = {field.TYPE_BOOL: None, field.TYPE_INT32: int, field.TYPE_INT64: int, field.TYPE_DOUBLE: float,
+            field.TYPE_FLOAT: float}.get(field.type, str)
+    if field.is_repeated:
+        names = [option] + ([option[:-1]] if option.endswith("s") else [])
+        group.add_argument(*names, dest=field.name, action="append", type=kind, help=f"one of {field.name}")
+    elif field.type == field.TYPE_BOOL:
+        group.add_argument(option, dest=field.name, action=argparse.BooleanOptionalAction, default=None)
+    else:
+        group.add_argument(option, dest=field.name, type=kind, metavar=field.name.upper())
+
+
+def _run_client_command(args: argparse.Namespace) -> int:
+    """Call the rpc, print its answer as JSON; on a gRPC error print `CODE: message` on stderr, return 1."""
     import grpc
 
-    from radixserve.client import ScoringClient
+    from radixserve.client import ScoringClient, to_dict
 
+    request = {name: getattr(args, name) for name in args.fields if getattr(args, name) is not None}
     try:
         with ScoringClient(args.address, api_key=args.api_key, timeout_s=args.timeout) as client:
-            result = call(client)
+            reply = client.call(args.rpc, **request)
     except grpc.RpcError as err:
         print(f"{err.code().name}: {err.details()}", file=sys.stderr)
         return 1
-    print(json.dumps(_plain(result)))
+    print(json.dumps(to_dict(reply)))
     return 0
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready: dataclasses as dicts without their None fields (an unrequested document), recursively."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if getattr(value, f.name) is not None}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
-
-
-_SUBCOMMANDS = (_add_make_tiny_model, _add_rerank, _add_embed, _add_classify, _add_score, _add_info, _add_serve)
+_SUBCOMMANDS = (_add_make_tiny_model, _add_client_commands, _add_serve)
 
 if __name__ == "__main__":
     sys.exit(main())

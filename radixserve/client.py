@@ -1,82 +1,41 @@
-"""`ScoringClient`: a typed Python client of the radixserve gRPC API. Needs grpcio and the stubs, not torch or Ray.
+"""`ScoringClient`: a Python client of the radixserve gRPC API. Needs grpcio and the stubs, not torch or Ray.
 
     with ScoringClient("localhost:9000", api_key=os.environ.get("RADIXSERVE_API_KEY")) as client:
         ranked = client.rerank("what is a trie", ["A trie is a prefix tree.", "Bread rises."], top_n=1)
         ranked.results[0].index, ranked.results[0].score, ranked.usage.computed_tokens
+        client.embed(["some text"], dimensions=256).embeddings[0].values
 
-The methods take the keyword arguments of the `radix_core.Engine` task methods and return plain dataclasses
-shaped like the library's results (lists instead of numpy arrays). Every attempt has the deadline `timeout_s`;
-an attempt answered UNAVAILABLE (engine starting, replica restarting) or RESOURCE_EXHAUSTED (overload) is retried
-up to `retries` times after `backoff_s`, `2 * backoff_s`, `4 * backoff_s`, ... seconds. Any other error raises the
-`grpc.RpcError` at once: its `code()` and `details()` say what was wrong (INVALID_ARGUMENT names the field and the
-limit). The client sends what it is given; the server validates.
+Every rpc of `radixserve.v1.Scoring` is a method named after it in lower case (`Rerank` -> `rerank`), made from
+the service's descriptor, so a task added to the proto is callable without editing this file. A method takes
+the request message's fields as arguments (positionally in the proto's field order, which is the library's
+argument order, or by name; an argument left out or None leaves the field unset, so the server's default
+applies) and returns the response message (`to_dict` makes it plain). A call, retries included, has the deadline
+`timeout_s`; an attempt answered UNAVAILABLE (engine starting, replica restarting) or RESOURCE_EXHAUSTED
+(overload) is retried up to `retries` times after a pause of `backoff_s * 2**attempt` with equal jitter (between
+half and all of it, so clients refused together do not return together), unless the pause would pass the
+deadline. Any other error raises the `grpc.RpcError` at once: its `code()` and `details()` say what was wrong
+(INVALID_ARGUMENT names the field and the limit). The client sends what it is given; the server validates.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
 from radixserve.v1 import scoring_pb2 as pb
-from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
 # gRPC clients accept 4 MiB replies by default; 1024 embeddings of 4096 float32 are 16 MiB.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Tokens of one call: as sent to the model, and computed after shared prefixes were deduplicated."""
-
-    input_tokens: int
-    computed_tokens: int
-
-
-@dataclass(frozen=True)
-class RerankHit:
-    index: int  # into the request's documents
-    score: float
-    document: str | None = None  # with return_documents
-
-
-@dataclass(frozen=True)
-class RerankResult:
-    results: list[RerankHit]  # best first
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class EmbedResult:
-    embeddings: list[list[float]]  # (n, d): row i for text i
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class ClassifyResult:
-    labels: list[str]
-    probabilities: list[list[float]]  # (n_inputs, n_labels), columns in `labels` order
-    predictions: list[str]  # the most probable label of each input
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class ContinuationScore:
-    index: int  # into the request's continuations
-    logprob: float  # summed over the continuation's tokens
-    mean_logprob: float
-    num_tokens: int
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    scores: list[ContinuationScore]  # in request order
-    usage: Usage
 
 
 class ScoringClient:
@@ -89,38 +48,13 @@ class ScoringClient:
         self.backoff_s = backoff_s
         self._metadata = [("authorization", f"Bearer {api_key}")] if api_key else []
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = ScoringStub(self._channel)
 
-    def rerank(self, query: str, documents: Sequence[str], instruction: str | None = None, top_n: int | None = None,
-               return_documents: bool = False, raw_scores: bool = False, truncate: bool = True) -> RerankResult:
-        reply = self._call(self._stub.Rerank, pb.RerankRequest(
-            query=query, documents=documents, instruction=instruction, top_n=top_n,
-            return_documents=return_documents, raw_scores=raw_scores, truncate=truncate))
-        hits = [RerankHit(h.index, h.score, h.document if h.HasField("document") else None) for h in reply.results]
-        return RerankResult(hits, _usage(reply.usage))
-
-    def embed(self, texts: Sequence[str], instruction: str | None = None, normalize: bool = True,
-              dimensions: int | None = None, truncate: bool = True, pooling: str = "last") -> EmbedResult:
-        reply = self._call(self._stub.Embed, pb.EmbedRequest(
-            texts=texts, instruction=instruction, normalize=normalize, dimensions=dimensions, truncate=truncate,
-            pooling=pooling))
-        return EmbedResult([list(e.values) for e in reply.embeddings], _usage(reply.usage))
-
-    def classify(self, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
-                 template: str | None = None) -> ClassifyResult:
-        reply = self._call(self._stub.Classify, pb.ClassifyRequest(
-            inputs=inputs, labels=labels, prefix=prefix, template=template))
-        return ClassifyResult(list(reply.labels), [list(r.probabilities) for r in reply.results],
-                              [r.label for r in reply.results], _usage(reply.usage))
-
-    def score(self, context: str, continuations: Sequence[str]) -> ScoreResult:
-        reply = self._call(self._stub.Score, pb.ScoreRequest(context=context, continuations=continuations))
-        scores = [ContinuationScore(s.index, s.logprob, s.mean_logprob, s.num_tokens) for s in reply.scores]
-        return ScoreResult(scores, _usage(reply.usage))
-
-    def info(self) -> dict[str, Any]:
-        """Model, version, tasks, radix mode and `limits` (a dict), as the server reports them."""
-        return _message_dict(self._call(self._stub.Info, pb.InfoRequest()))
+    def call(self, rpc: str, *args: Any, **kwargs: Any) -> Message:
+        """`rpc` (e.g. "Rerank") with the request fields `args` (in field order) and `kwargs`."""
+        method = SERVICE.methods_by_name.get(rpc)
+        if method is None:
+            raise ValueError(f"unknown rpc {rpc!r}: radixserve.v1.Scoring has {', '.join(SERVICE.methods_by_name)}")
+        return self._call(method, request_message(method, args, kwargs))
 
     def close(self) -> None:
         self._channel.close()
@@ -131,31 +65,65 @@ class ScoringClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _call(self, method: Callable[..., Message], request: Message) -> Message:
-        """`method(request)` with the deadline and key; retried with exponential backoff while retryable."""
-        attempt = 0
-        while True:
+    def _call(self, method: MethodDescriptor, request: Message) -> Message:
+        """The unary call with the key, retried with jittered exponential backoff while retryable and within the
+        call's deadline."""
+        stub = self._channel.unary_unary(
+            f"/{SERVICE.full_name}/{method.name}", request_serializer=type(request).SerializeToString,
+            response_deserializer=message_factory.GetMessageClass(method.output_type).FromString)
+        deadline = time.monotonic() + self.timeout_s
+        for attempt in itertools.count():
             try:
-                return method(request, timeout=self.timeout_s, metadata=self._metadata)
+                return stub(request, timeout=max(deadline - time.monotonic(), 0.001), metadata=self._metadata)
             except grpc.RpcError as err:
-                if err.code() not in RETRYABLE or attempt >= self.retries:
+                pause = self.backoff_s * 2 ** attempt * random.uniform(0.5, 1.0)
+                if err.code() not in RETRYABLE or attempt >= self.retries or time.monotonic() + pause >= deadline:
                     raise
-            time.sleep(self.backoff_s * 2 ** attempt)
-            attempt += 1
+            time.sleep(pause)
 
 
-def _message_dict(message: Message) -> dict[str, Any]:
-    """Every field of `message` by name (unset ones at their defaults), nested messages as dicts, repeated as lists;
-    integers stay integers (protobuf's JSON mapping would make int64 strings)."""
+def request_message(method: MethodDescriptor, args: tuple, kwargs: dict[str, Any]) -> Message:
+    """The request message of `method` from positional (field order) and keyword field values; None is unset."""
+    fields = [f.name for f in method.input_type.fields]
+    if len(args) > len(fields):
+        raise TypeError(f"{method.name} takes at most {len(fields)} positional arguments ({', '.join(fields)}), "
+                        f"got {len(args)}")
+    values = dict(zip(fields, args))
+    twice = sorted(set(values) & set(kwargs))
+    if twice:
+        raise TypeError(f"{method.name} got {twice} both positionally and by name")
+    values.update(kwargs)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise TypeError(f"{method.name} has no fields {unknown}: it takes {', '.join(fields)}")
+    message = message_factory.GetMessageClass(method.input_type)
+    return message(**{name: value for name, value in values.items() if value is not None})
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    """Every field of `message` by name (unset optional ones left out, others at their defaults), nested messages as
+    dicts, repeated as lists; integers stay integers (protobuf's JSON mapping would make int64 strings)."""
     out = {}
     for field in message.DESCRIPTOR.fields:
+        if field.has_presence and not message.HasField(field.name):
+            continue
         value = getattr(message, field.name)
-        if field.message_type is not None and not field.is_repeated:
-            out[field.name] = _message_dict(value)
+        if field.message_type is not None:
+            out[field.name] = [to_dict(v) for v in value] if field.is_repeated else to_dict(value)
         else:
             out[field.name] = list(value) if field.is_repeated else value
     return out
 
 
-def _usage(usage: pb.Usage) -> Usage:
-    return Usage(usage.input_tokens, usage.computed_tokens)
+def _rpc_method(method: MethodDescriptor) -> Callable[..., Message]:
+    def call(self: ScoringClient, *args: Any, **kwargs: Any) -> Message:
+        return self._call(method, request_message(method, args, kwargs))
+
+    fields = ", ".join(f.name for f in method.input_type.fields)
+    call.__name__ = call.__qualname__ = method.name.lower()
+    call.__doc__ = f"radixserve.v1.Scoring/{method.name}({fields}) -> {method.output_type.name}"
+    return call
+
+
+for _method in SERVICE.methods:
+    setattr(ScoringClient, _method.name.lower(), _rpc_method(_method))

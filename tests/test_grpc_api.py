@@ -231,7 +231,7 @@ def test_cli_prints_json_and_server_errors(open_app, engine, capsys):
     assert set(printed["usage"]) == {"input_tokens", "computed_tokens"}
 
     assert cli.main(["embed", *address, "--text", "a", "--text", "b", "--dimensions", "8"]) == 0
-    assert np.array(json.loads(capsys.readouterr().out)["embeddings"]).shape == (2, 8)
+    assert np.array([e["values"] for e in json.loads(capsys.readouterr().out)["embeddings"]]).shape == (2, 8)
     assert cli.main(["classify", *address, "--input", "x", "--label", " yes", "--label", " no"]) == 0
     assert json.loads(capsys.readouterr().out)["labels"] == [" yes", " no"]
     assert cli.main(["score", *address, "--context", "The sky is", "--continuation", " blue"]) == 0

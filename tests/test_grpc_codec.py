@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import socket
 import time
+from concurrent import futures
 
 import grpc
 import numpy as np
@@ -15,30 +16,32 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from deployments.auth import load_api_keys
 from deployments.batcher import QueueFullError
-from deployments.grpc_codec import RESPONSES, from_pb, info_to_pb, to_pb
+from deployments.grpc_codec import SERVICE, from_pb, info_to_pb, to_pb
 from deployments.grpc_status import status_of
 from radix_core import Engine
 from radix_core.tasks import (
-    ClassifyResult, ContinuationScore, EmbedResult, RerankHit, RerankResult, ScoreResult, Usage,
+    TASKS, ClassifyResult, ContinuationScore, EmbedResult, RerankHit, RerankResult, ScoreResult, Usage,
 )
-from radixserve.client import ScoringClient
+from radixserve.client import ScoringClient, to_dict
 from radixserve.v1 import scoring_pb2 as pb
 
-REQUESTS = {"rerank": pb.RerankRequest, "embed": pb.EmbedRequest, "classify": pb.ClassifyRequest,
-            "score": pb.ScoreRequest}
 USAGE = Usage(input_tokens=40, computed_tokens=25)
 
 
 # --- codec ----------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("task", REQUESTS)
-def test_request_fields_are_the_library_arguments(task):
-    params = inspect.signature(getattr(Engine, task)).parameters
-    fields = REQUESTS[task].DESCRIPTOR.fields
-    assert {f.name for f in fields} == set(params) - {"self"}
+@pytest.mark.parametrize("task", TASKS.values(), ids=list(TASKS))
+def test_request_fields_are_the_library_arguments_in_order(task):
+    params = inspect.signature(getattr(Engine, task.name)).parameters
+    fields = SERVICE.methods_by_name[task.rpc].input_type.fields
+    assert [f.name for f in fields] == [p for p in params if p != "self"]  # the client passes them positionally
     for field in fields:  # an argument with a None default must be `optional` in the proto
         if params[field.name].default is None:
-            assert field.has_presence, f"{task}.{field.name} defaults to None: declare it optional"
+            assert field.has_presence, f"{task.name}.{field.name} defaults to None: declare it optional"
+
+
+def test_every_rpc_but_info_is_a_task():
+    assert {task.rpc for task in TASKS.values()} == set(SERVICE.methods_by_name) - {"Info"}
 
 
 def test_unset_optional_fields_leave_the_library_defaults():
@@ -54,23 +57,24 @@ def test_unset_optional_fields_leave_the_library_defaults():
 
 
 def test_results_become_responses():
-    rerank = to_pb("rerank", RerankResult([RerankHit(2, 0.9, "doc"), RerankHit(0, 0.1)], USAGE))
+    rerank = to_pb(TASKS["rerank"], RerankResult([RerankHit(2, 0.9, "doc"), RerankHit(0, 0.1)], USAGE))
     assert [(h.index, h.score, h.document, h.HasField("document")) for h in rerank.results] == [
         (2, 0.9, "doc", True), (0, 0.1, "", False)]
     assert (rerank.usage.input_tokens, rerank.usage.computed_tokens) == (40, 25)
 
     vectors = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
-    embed = to_pb("embed", EmbedResult(vectors, USAGE))
+    embed = to_pb(TASKS["embed"], EmbedResult(vectors, USAGE))
     np.testing.assert_array_equal(np.array([e.values for e in embed.embeddings], dtype=np.float32), vectors)
 
     probabilities = np.array([[0.25, 0.75], [0.6, 0.4]])
-    classify = to_pb("classify", ClassifyResult(["yes", "no"], probabilities, USAGE))
+    classify = to_pb(TASKS["classify"], ClassifyResult(["yes", "no"], probabilities, USAGE))
     assert list(classify.labels) == ["yes", "no"] and [r.label for r in classify.results] == ["no", "yes"]
     np.testing.assert_array_equal([r.probabilities for r in classify.results], probabilities)
 
-    score = to_pb("score", ScoreResult([ContinuationScore(0, -3.0, -1.5, 2)], USAGE))
+    score = to_pb(TASKS["score"], ScoreResult([ContinuationScore(0, -3.0, -1.5, 2)], USAGE))
     assert (score.scores[0].logprob, score.scores[0].mean_logprob, score.scores[0].num_tokens) == (-3.0, -1.5, 2)
-    assert [type(m) for m in (rerank, embed, classify, score)] == [RESPONSES[t] for t in REQUESTS]
+    assert [type(m).__name__ for m in (rerank, embed, classify, score)] == [
+        f"{task.rpc}Response" for task in TASKS.values()]
 
 
 def test_info_dict_becomes_info_response():
@@ -136,40 +140,63 @@ def test_a_configured_source_without_keys_refuses_to_start(tmp_path, keys_file, 
 
 # --- client retries -------------------------------------------------------------------------------------------------
 
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode):
-        self._code = code
+class ScriptedServer:
+    """A real gRPC server on a loopback port whose Info answers the queued status codes first, then an
+    InfoResponse; counts the attempts."""
 
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._code.name
-
-
-class FakeStub:
-    """Answers Info with the queued errors first, then an InfoResponse; counts the attempts."""
-
-    def __init__(self, *errors: grpc.StatusCode):
-        self.errors = list(errors)
+    def __init__(self, *codes: grpc.StatusCode):
+        self.codes = list(codes)
         self.attempts = 0
+        handler = grpc.method_handlers_generic_handler("radixserve.v1.Scoring", {
+            "Info": grpc.unary_unary_rpc_method_handler(self._info, pb.InfoRequest.FromString,
+                                                        pb.InfoResponse.SerializeToString)})
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
 
-    def Info(self, request, timeout, metadata):
+    def _info(self, request, context):
         self.attempts += 1
-        if self.errors:
-            raise FakeRpcError(self.errors.pop(0))
+        if self.codes:
+            context.abort(self.codes.pop(0), "scripted")
         return pb.InfoResponse(model="m", limits=pb.Limits(max_request_bytes=5))
 
+    def __enter__(self):
+        return self
 
+    def __exit__(self, *exc_info):
+        self.server.stop(grace=None)
+
+
+@pytest.mark.timeout(30)
 def test_client_retries_only_unavailable_and_resource_exhausted():
-    with ScoringClient("127.0.0.1:1", retries=3, backoff_s=0.001) as client:
-        client._stub = FakeStub(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-        info = client.info()
-        assert client._stub.attempts == 3 and info["model"] == "m" and info["limits"]["max_request_bytes"] == 5
-        client._stub = FakeStub(grpc.StatusCode.INVALID_ARGUMENT)
-        with pytest.raises(grpc.RpcError) as caught:
-            client.info()
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and client._stub.attempts == 1
+    with ScriptedServer(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED) as server:
+        with ScoringClient(server.address, retries=3, backoff_s=0.001) as client:
+            info = to_dict(client.info())
+        assert server.attempts == 3 and info["model"] == "m" and info["limits"]["max_request_bytes"] == 5
+    with ScriptedServer(grpc.StatusCode.INVALID_ARGUMENT) as server:
+        with ScoringClient(server.address, retries=3, backoff_s=0.001) as client:
+            with pytest.raises(grpc.RpcError) as caught:
+                client.info()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and server.attempts == 1
+
+
+def test_client_methods_take_fields_positionally_and_by_name():
+    with pytest.raises(TypeError, match=r"Rerank has no fields \['colour'\]"):
+        ScoringClient("127.0.0.1:1").rerank("q", ["d"], colour="red")
+    with pytest.raises(TypeError, match=r"got \['query'\] both positionally and by name"):
+        ScoringClient("127.0.0.1:1").rerank("q", query="q")
+    with pytest.raises(ValueError, match="unknown rpc 'Summarize'"):
+        ScoringClient("127.0.0.1:1").call("Summarize")
+
+
+def test_client_retries_stop_at_the_deadline():
+    with ScriptedServer(*[grpc.StatusCode.UNAVAILABLE] * 10) as server:
+        started = time.monotonic()
+        with ScoringClient(server.address, retries=10, backoff_s=0.2, timeout_s=1.0) as client:
+            with pytest.raises(grpc.RpcError) as caught:
+                client.info()
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 1.5 and 2 <= server.attempts < 6
 
 
 @pytest.mark.timeout(30)
@@ -182,4 +209,4 @@ def test_client_gives_up_after_its_retries_with_backoff():
         with pytest.raises(grpc.RpcError) as caught:
             client.info()
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert time.monotonic() - started >= 0.3  # backoff 0.1 + 0.2
+    assert time.monotonic() - started >= 0.15  # backoff 0.1 + 0.2, each at least halved by the jitter

@@ -42,8 +42,13 @@ def engine(model_dir):
     return Engine.from_pretrained(model_dir, device="cpu")
 
 
-def call(handle, method: str, request: dict):
-    return getattr(handle, method).remote(request).result(timeout_s=60)
+def call(handle, task: str, request: dict):
+    return handle.call.remote(task, request).result(timeout_s=60)
+
+
+def items_submitted(handle) -> int:
+    """Items the engine replica that answers `info` has batched so far."""
+    return handle.info.remote().result(timeout_s=30)["batcher"]["num_items"]
 
 
 @pytest.mark.serve
@@ -72,11 +77,17 @@ def test_served_results_equal_the_library(app, engine):
 
 @pytest.mark.serve
 @pytest.mark.timeout(120)
-def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(app):
+def test_bad_input_is_refused_at_the_ingress_and_the_server_keeps_serving(app):
+    before = items_submitted(app)
     with pytest.raises(ValueError, match="documents is empty"):
         call(app, "rerank", {"query": QUERY, "documents": []})
     with pytest.raises(ValueError, match="unknown rerank request keys"):
         call(app, "rerank", {"query": QUERY, "documents": DOCS, "colour": "red"})
+    with pytest.raises(ValueError, match="unknown task 'summarize'"):
+        call(app, "summarize", {"texts": DOCS})
+    with pytest.raises(ValueError, match="continuations\\[1\\] is empty"):
+        call(app, "score", {"context": "c", "continuations": ["a", ""]})
+    assert items_submitted(app) == before  # nothing reached an engine replica
     assert len(call(app, "rerank", {"query": QUERY, "documents": DOCS[:2]}).results) == 2
 
 
@@ -89,14 +100,14 @@ def test_a_killed_index_builder_is_recreated(app):
         ray.kill(actor)
     for _ in range(3):  # whichever replica the prefix lands on, its builder is gone: it must start a new one
         assert len(call(app, "rerank", {"query": QUERY, "documents": DOCS}).results) == len(DOCS)
-    replaced = {name for name, actor in index_builders().items() if actor._actor_id != killed[name]._actor_id}
+    replaced = set(index_builders()) - set(killed)
     assert replaced, "no replica started a new IndexBuilder"
     info = app.info.remote().result(timeout_s=30)
     assert info["index_builder"] == "actor" and info["tasks"] == ["rerank", "embed", "classify", "score"]
 
 
 def index_builders() -> dict[str, ray.actor.ActorHandle]:
-    """The live IndexBuilder actors by name (`index-builder-<replica id>`)."""
+    """The live IndexBuilder actors by name (`index-builder-<replica id>-<generation>`)."""
     named = ray.util.list_named_actors(all_namespaces=True)
     builders = {}
     for actor in named:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from radix_core.engine import Engine
-from radix_core.tasks import TASKS, BatchView, TaskContext, encode_task, run_jobs
+from radix_core.tasks import TASKS, BatchView, TaskContext, task_of
+from radix_core.tokens import TokenSequences
 
 QUERY = "what is a radix tree"
 DOCS = ["A radix tree is a compressed trie.", " Bread is baked in ovens.", "\nTries share prefixes."]
@@ -40,6 +41,10 @@ def alone(engine: Engine, task: str, request: dict):
     return getattr(engine, task)(**request)
 
 
+def encode(engine: Engine, task: str, request):
+    return TASKS[task].encode(engine.context, request)
+
+
 def assert_same(got, want) -> None:
     """Two results of one task agree within 1e-5 (scores, vectors, probabilities) and exactly otherwise."""
     if hasattr(want, "results"):  # rerank
@@ -58,33 +63,36 @@ def assert_same(got, want) -> None:
 @pytest.mark.parametrize("radix", ["off", "mlp", "full"])
 def test_mixed_batch_equals_each_request_alone(engine, radix):
     e = engine(radix)
-    jobs = [encode_task(e.context, task, request) for task, request in REQUESTS]
-    prepared = e.prepare([seq for job in jobs for seq in job.sequences])
-    results = run_jobs(e, jobs, pickle.loads(pickle.dumps(prepared)))  # prepared in another process
-    for (task, request), job, got in zip(REQUESTS, jobs, results):
+    jobs = [encode(e, task, request) for task, request in REQUESTS]
+    prepared = e.prepare(TokenSequences.concat([job.sequences for job in jobs]))
+    partials = e.run_jobs(jobs, pickle.loads(pickle.dumps(prepared)))  # prepared in another process
+    for (task, request), job, partial in zip(REQUESTS, jobs, partials):
         want = alone(e, task, request)
+        got = TASKS[task].merge(job, [partial])
         assert_same(got, want)
         assert got.usage.input_tokens == job.num_tokens == want.usage.input_tokens
         assert got.usage.computed_tokens <= want.usage.computed_tokens
-    computed = [r.usage.computed_tokens for r in results]
+    computed = [r.usage.computed_tokens for r in partials]
     num_rows = prepared.num_tokens if radix == "off" else prepared.index.num_compact
     assert sum(computed) == num_rows
     if radix != "off":  # the last request's query and template were computed by the first
-        assert computed[-1] < results[-1].usage.input_tokens - 50
+        assert computed[-1] < partials[-1].usage.input_tokens - 50
 
 
-def test_views_split_usage_and_refuse_other_jobs_sequences(engine):
+def test_views_split_usage_and_rows(engine):
     e = engine()
     result = e.forward([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [7]])  # rows: 4, then 1, 1, 1
     views = [BatchView(result, 0, 1), BatchView(result, 1, 2), BatchView(result, 3, 1)]
     assert [(v.usage.input_tokens, v.usage.computed_tokens) for v in views] == [(4, 4), (7, 2), (1, 1)]
     assert sum(v.usage.computed_tokens for v in views) == result.num_computed
     np.testing.assert_array_equal(views[1].lengths, [4, 3])
-    assert [r.tolist() for r in views[1].rows_at([[-1], [0, 2]])] == [r.tolist() for r in
-                                                                       result.rows_at([[-1], [0, 2]], first=1)]
-    assert views[1].row_of_token.tolist() == result.plan.row_of_token[4:11].tolist()
-    with pytest.raises(ValueError, match="positions for 2 sequences, but this view has 1"):
-        views[0].rows_at([[0], [0]])
+    np.testing.assert_array_equal(views[1].rows(np.array([0, 1, 1]), np.array([-1, 0, 2])),
+                                  result.plan.row_of_token[[7, 8, 10]].numpy())
+    assert result.row_of_token.tolist() == result.plan.row_of_token.tolist()  # host rows equal the device's
+    states = e.hidden_states([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [7]])
+    np.testing.assert_allclose(views[1].last_hidden().numpy(), np.stack([states[1][-1], states[2][-1]]), atol=1e-6)
+    np.testing.assert_allclose(views[1].mean_hidden().numpy(), np.stack([states[1].mean(0), states[2].mean(0)]),
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("task, request_", [
@@ -102,7 +110,7 @@ def test_encode_raises_what_the_method_raises(engine, task, request_):
     with pytest.raises(ValueError) as method_error:
         alone(e, task, request_)
     with pytest.raises(ValueError) as encode_error:
-        encode_task(e.context, task, request_)
+        encode(e, task, request_)
     assert str(encode_error.value) == str(method_error.value)
 
 
@@ -112,23 +120,25 @@ def test_context_and_jobs_survive_pickling(engine):
     assert isinstance(context, TaskContext) and context.config == e.context.config
     assert context.prompts.encode("hello\n<|im_end|>x") == e.prompts.encode("hello\n<|im_end|>x")
     for task, request in REQUESTS:
-        job = encode_task(context, task, request)
-        assert job.task == task and pickle.loads(pickle.dumps(job)) == job
-        (got,) = run_jobs(e, [pickle.loads(pickle.dumps(job))])
-        assert_same(got, alone(e, task, request))
+        job = TASKS[task].encode(context, request)
+        assert job.task == task
+        again = pickle.loads(pickle.dumps(job))
+        assert again.sequences.tolists() == job.sequences.tolists()
+        (partial,) = e.run_jobs([again])
+        assert_same(TASKS[task].merge(job, [partial]), alone(e, task, request))
     assert set(TASKS) == {"rerank", "embed", "classify", "score"}
 
 
 def test_bad_requests_say_what_is_wrong(engine):
     e = engine()
     with pytest.raises(ValueError, match="unknown task 'summarize': choose one of rerank, embed, classify, score"):
-        encode_task(e.context, "summarize", {})
+        task_of("summarize")
     with pytest.raises(ValueError, match=r"unknown rerank request keys \['docs', 'k'\]: allowed are \['query', "):
-        encode_task(e.context, "rerank", {"query": "q", "docs": ["d"], "k": 1})
+        encode(e, "rerank", {"query": "q", "docs": ["d"], "k": 1})
     with pytest.raises(ValueError, match=r"the score request lacks \['continuations'\]: it needs \['context', "):
-        encode_task(e.context, "score", {"context": "c"})
+        encode(e, "score", {"context": "c"})
     with pytest.raises(ValueError, match="the embed request must be a mapping of its arguments, got list"):
-        encode_task(e.context, "embed", ["t"])
-    job = encode_task(e.context, "embed", {"texts": ["a", "b"]})
+        encode(e, "embed", ["t"])
+    job = encode(e, "embed", {"texts": ["a", "b"]})
     with pytest.raises(ValueError, match=r"the prepared batch \(1 sequences, 3 tokens\) is not these jobs'"):
-        run_jobs(e, [job], e.prepare([[1, 2, 3]]))
+        e.run_jobs([job], e.prepare([[1, 2, 3]]))

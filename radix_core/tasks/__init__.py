@@ -1,21 +1,23 @@
-"""The scoring tasks users call (rerank, embed, classify, score), on top of `Engine.run`.
+"""The scoring tasks users call (rerank, embed, classify, score), one `Task` object each (`TASKS`).
 
-Each task is split in two halves so requests can be encoded in another process and batched across tasks:
-`encode_task` checks and tokenizes a request into a `TaskJob` (CPU, from a picklable `TaskContext`), and
-`run_jobs` runs several jobs as one forward batch, finishing each into its typed result carrying `Usage`.
+A request is served in halves so it can be encoded in another process and batched with requests of any task:
+`Task.encode` checks and tokenizes it into a `TaskJob` (CPU, from a picklable `TaskContext`), `Task.split` cuts
+it into token-bounded parts, `Engine.run_jobs` runs the parts of many requests as one forward batch and
+finishes each from its `BatchView`, and `Task.merge` joins a request's parts into its typed result with `Usage`.
 `Engine` exposes each task as a method that runs one request alone.
 """
 
-from radix_core.tasks.common import TaskContext, TaskJob, Usage
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage
 from radix_core.tasks.config import TaskConfig
+from radix_core.tasks.context import TaskContext, load_task_context
 from radix_core.tasks.embed import EmbedJob, EmbedResult
-from radix_core.tasks.jobs import TASKS, BatchView, encode_task, run_jobs
-from radix_core.tasks.requests import load_task_context, merge_results, routing_prefix, split_request
+from radix_core.tasks.registry import TASKS, task_of
 from radix_core.tasks.rerank import RerankHit, RerankJob, RerankResult
 from radix_core.tasks.scoring import ClassifyJob, ClassifyResult, ContinuationScore, ScoreJob, ScoreResult
+from radix_core.tasks.view import BatchView, finish_jobs
 
 __all__ = [
     "TASKS", "BatchView", "ClassifyJob", "ClassifyResult", "ContinuationScore", "EmbedJob", "EmbedResult",
-    "RerankHit", "RerankJob", "RerankResult", "ScoreJob", "ScoreResult", "TaskConfig", "TaskContext", "TaskJob",
-    "Usage", "encode_task", "load_task_context", "merge_results", "routing_prefix", "run_jobs", "split_request",
+    "HeadQuery", "RerankHit", "RerankJob", "RerankResult", "ScoreJob", "ScoreResult", "Task", "TaskConfig",
+    "TaskContext", "TaskJob", "Usage", "finish_jobs", "load_task_context", "task_of",
 ]

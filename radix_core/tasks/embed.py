@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from radix_core.tasks.common import TaskContext, TaskJob, Usage, check_items
+from radix_core.tasks.base import Task, TaskJob, Usage, check_items, usage_dict
+from radix_core.tasks.context import TaskContext
 from radix_core.templates import EmbedTemplate
+from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
-    from radix_core.engine import Engine
-    from radix_core.tasks.jobs import BatchView
+    from radix_core.tasks.view import BatchView
 
 POOLINGS = ("last", "mean")
 
@@ -42,28 +43,46 @@ class EmbedJob(TaskJob):
     dimensions: int | None
     normalize: bool
 
-    def finish(self, engine: Engine, view: BatchView) -> EmbedResult:
-        vectors = _pool(view, self.pooling)[:, :self.dimensions]  # (n, d)
-        if self.normalize:
+
+class EmbedTask(Task):
+    name = "embed"
+    rpc = "Embed"
+
+    def job(self, context: TaskContext, /, texts: Sequence[str], instruction: str | None = None,
+            normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
+            pooling: str = "last") -> EmbedJob:
+        """Embed `texts`; see the module docstring."""
+        check_items("texts", texts, context.config.max_items)
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
+        hidden_size = context.hidden_size
+        if dimensions is not None and not 1 <= dimensions <= hidden_size:
+            raise ValueError(f"dimensions must be between 1 and the model's hidden size {hidden_size}, "
+                             f"got {dimensions}")
+        template = context.template("embed")
+        prompts = context.prompt_tokenizer()
+        batch = prompts.encode_prompts(template.parts(texts, instruction), context.token_limit, truncate,
+                                       end_ids=end_token_ids(context, template), what="text")
+        empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
+        if empty is not None:
+            raise ValueError(f"texts[{empty}] is empty and this model's embedding prompt adds no tokens of its "
+                             f"own: give every text at least one character")
+        return EmbedJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), pooling, dimensions,
+                        normalize)
+
+    def finish(self, job: EmbedJob, view: BatchView) -> EmbedResult:
+        vectors = (view.last_hidden() if job.pooling == "last" else view.mean_hidden())[:, :job.dimensions]  # (n, d)
+        if job.normalize:
             vectors = torch.nn.functional.normalize(vectors, dim=-1)
         return EmbedResult(vectors.cpu().numpy(), view.usage)
 
+    def merge(self, job: EmbedJob, partials: Sequence[EmbedResult]) -> EmbedResult:
+        if len(partials) == 1:
+            return partials[0]
+        return EmbedResult(np.concatenate([p.embeddings for p in partials]), Usage.total([p.usage for p in partials]))
 
-def embed_job(task_context: TaskContext, /, texts: Sequence[str], instruction: str | None = None,
-              normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-              pooling: str = "last") -> EmbedJob:
-    """Embed `texts`; see the module docstring."""
-    check_items("texts", texts, task_context.config.max_items)
-    if pooling not in POOLINGS:
-        raise ValueError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
-    hidden_size = task_context.hidden_size
-    if dimensions is not None and not 1 <= dimensions <= hidden_size:
-        raise ValueError(f"dimensions must be between 1 and the model's hidden size {hidden_size}, got {dimensions}")
-    template = task_context.template("embed")
-    prompts = task_context.prompt_tokenizer()
-    batch = prompts.encode_prompts(template.parts(texts, instruction), task_context.token_limit, truncate,
-                                   end_ids=end_token_ids(task_context, template), what="text")
-    return EmbedJob(batch.sequences, pooling, dimensions, normalize)
+    def to_dict(self, result: EmbedResult) -> dict[str, Any]:
+        return {"embeddings": [{"values": row} for row in result.embeddings], "usage": usage_dict(result.usage)}
 
 
 def end_token_ids(context: TaskContext, template: EmbedTemplate) -> list[int]:
@@ -79,11 +98,3 @@ def end_token_ids(context: TaskContext, template: EmbedTemplate) -> list[int]:
     except ValueError as err:
         raise ValueError(f"embedding end token: {err}; configure this model's end-of-text token with "
                          f'TaskConfig(templates={{"embed": EmbedTemplate(end_token=...)}})') from err
-
-
-def _pool(view: BatchView, pooling: str) -> torch.Tensor:
-    """(n, hidden) float32: the last token's state, or the mean over each sequence's tokens."""
-    if pooling == "last":
-        return view.hidden.index_select(0, torch.cat(view.rows_at([[-1]] * view.count))).float()
-    per_token = view.hidden.index_select(0, view.row_of_token).float()  # (N, hidden) the slice's tokens
-    return torch.stack([chunk.mean(0) for chunk in per_token.split(view.lengths.tolist())])

@@ -2,25 +2,28 @@
 
 Causal-LM rerankers (Qwen3-Reranker) answer "yes" or "no" after the prompt; the score is P(yes) from a softmax
 over the two logits at the last position (the logit difference with `raw_scores`), as the model card computes
-it. Sequence-classification rerankers score the last token with their one-label head; sigmoid unless
-`raw_scores`. The query and the template text before the document are one shared prefix, computed once.
+it, with only those two rows of the LM head computed, in float32. Sequence-classification rerankers score the
+last token with their one-label head; sigmoid unless `raw_scores`. The query and the template text before the
+document are one shared prefix, computed once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from radix_core.tasks.common import TaskContext, TaskJob, Usage, check_items, check_text
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, check_text, usage_dict
+from radix_core.tasks.context import TaskContext
 from radix_core.templates import CrossEncoderPair, RerankTemplate
 from radix_core.tokenization import EncodedBatch
+from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
-    from radix_core.engine import Engine
-    from radix_core.tasks.jobs import BatchView
+    from radix_core.tasks.view import BatchView
 
 
 @dataclass(frozen=True)
@@ -41,55 +44,76 @@ class RerankResult:
 
 
 @dataclass(frozen=True)
+class RerankScores:
+    """A sub-job's partial result: one score per document, in order."""
+
+    scores: np.ndarray  # (n,) float32
+    usage: Usage
+
+
+@dataclass(frozen=True)
 class RerankJob(TaskJob):
-    """One sequence per document, and how to score them: by the no/yes answer logits of a causal LM (`answer_ids`),
-    else (None) by the one-label score head."""
+    """One sequence per document; scored by the (no, yes) answer logits of a causal LM (`answer_ids`), else
+    (None) by the one-label score head. `top_n` and `documents` apply when the parts are merged."""
 
     task = "rerank"
     model: str
     answer_ids: tuple[int, int] | None  # (no, yes) token ids
-    top_n: int | None
     raw_scores: bool
-    documents: list[str] | None  # kept only to return them
+    top_n: int | None
+    documents: tuple[str, ...] | None  # kept only to return them; sub-jobs carry none
 
-    def finish(self, engine: Engine, view: BatchView) -> RerankResult:
-        scores = self._scores(engine, view).tolist()
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:self.top_n]
-        hits = [RerankHit(i, scores[i], self.documents[i] if self.documents is not None else None) for i in order]
-        return RerankResult(hits, view.usage)
+    def select(self, start: int, end: int) -> RerankJob:
+        return replace(self, sequences=self.sequences.select(start, end), documents=None)
 
-    def _scores(self, engine: Engine, view: BatchView) -> torch.Tensor:
-        """(n,) float scores from the head at each sequence's last token."""
-        last = torch.cat(engine.head_at(view, [[-1]] * view.count))  # (n, out)
-        if self.answer_ids is None:
+
+class RerankTask(Task):
+    name = "rerank"
+    rpc = "Rerank"
+
+    def job(self, context: TaskContext, /, query: str, documents: Sequence[str], instruction: str | None = None,
+            top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
+            truncate: bool = True) -> RerankJob:
+        """Score `documents` against `query`; see the module docstring for the score of each model kind."""
+        check_text("query", query)
+        check_items("documents", documents, context.config.max_items)
+        if top_n is not None and top_n < 1:
+            raise ValueError(f"top_n must be at least 1, got {top_n}")
+        if context.head not in ("causal_lm", "seq_cls"):
+            raise ValueError(f"model {context.model!r} has no LM or score head, so it cannot rerank: use a "
+                             f"causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
+        template = context.template("rerank")
+        answer_ids = _answer_ids(context, template)
+        batch = encode_rerank(context, template, query, documents, instruction, truncate)
+        return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.model,
+                         answer_ids, raw_scores, top_n, tuple(documents) if return_documents else None)
+
+    def head_query(self, job: RerankJob) -> HeadQuery:
+        n = len(job.sequences)
+        return HeadQuery(np.arange(n), np.full(n, -1), columns=job.answer_ids)
+
+    def finish(self, job: RerankJob, view: BatchView) -> RerankScores:
+        last = torch.from_numpy(view.head)  # (n, 2) no/yes logits, or (n, num_labels) of the score head
+        if job.answer_ids is None:
             if last.shape[1] != 1:
-                raise ValueError(f"model {self.model!r} has a {last.shape[1]}-label score head; reranking needs a "
+                raise ValueError(f"model {job.model!r} has a {last.shape[1]}-label score head; reranking needs a "
                                  f"single relevance logit (num_labels=1)")
-            return last[:, 0] if self.raw_scores else last[:, 0].sigmoid()
-        no_yes = last[:, list(self.answer_ids)]  # (n, 2)
-        return no_yes[:, 1] - no_yes[:, 0] if self.raw_scores else no_yes.softmax(-1)[:, 1]
+            scores = last[:, 0] if job.raw_scores else last[:, 0].sigmoid()
+        else:
+            scores = last[:, 1] - last[:, 0] if job.raw_scores else last.softmax(-1)[:, 1]
+        return RerankScores(scores.numpy(), view.usage)
 
+    def merge(self, job: RerankJob, partials: Sequence[RerankScores]) -> RerankResult:
+        scores = np.concatenate([p.scores for p in partials]).tolist()
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:job.top_n]
+        documents = job.documents
+        hits = [RerankHit(i, scores[i], documents[i] if documents is not None else None) for i in order]
+        return RerankResult(hits, Usage.total([p.usage for p in partials]))
 
-def rerank_job(task_context: TaskContext, /, query: str, documents: Sequence[str],
-               instruction: str | None = None, top_n: int | None = None, return_documents: bool = False,
-               raw_scores: bool = False, truncate: bool = True) -> RerankJob:
-    """Score `documents` against `query`; see the module docstring for the score of each model kind."""
-    check_text("query", query)
-    check_items("documents", documents, task_context.config.max_items)
-    check_top_n(top_n)
-    if task_context.head not in ("causal_lm", "seq_cls"):
-        raise ValueError(f"model {task_context.model!r} has no LM or score head, so it cannot rerank: use a "
-                         f"causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
-    template = task_context.template("rerank")
-    batch = encode_rerank(task_context, template, query, documents, instruction, truncate)
-    return RerankJob(batch.sequences, task_context.model, _answer_ids(task_context, template), top_n, raw_scores,
-                     list(documents) if return_documents else None)
-
-
-def check_top_n(top_n: int | None) -> None:
-    """None (every document) or at least 1."""
-    if top_n is not None and top_n < 1:
-        raise ValueError(f"top_n must be at least 1, got {top_n}")
+    def to_dict(self, result: RerankResult) -> dict[str, Any]:
+        hits = [{"index": h.index, "score": h.score, **({"document": h.document} if h.document is not None else {})}
+                for h in result.results]
+        return {"results": hits, "usage": usage_dict(result.usage)}
 
 
 def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderPair, query: str,

@@ -7,26 +7,28 @@ summed log-probabilities, so labels of several tokens are scored exactly (their 
 labels this is the softmax of the label logits at the last position.
 
 Each (context, continuation) pair is one sequence; the shared context is one prefix in the batch and is computed
-once, and identical sequences (single-token labels of one input) are sent once. The LM head runs only on the
-rows that predict continuation tokens (`Engine.head_at`).
+once, and identical sequences (single-token labels of one input) are sent once. Each continuation token is one
+head query (`HeadQuery` with targets): the LM head runs only on the rows that predict continuation tokens, and
+their log-softmax is computed by vocabulary chunks (`ForwardResult.token_logprobs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from radix_core.tasks.common import TaskContext, TaskJob, Usage, check_items, check_text
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, check_text, usage_dict
+from radix_core.tasks.context import TaskContext
 from radix_core.templates import PromptParts, classify_parts
-from radix_core.tokenization import ContinuationIds
+from radix_core.tokenization import EncodedContinuations
+from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
-    from radix_core.engine import Engine
-    from radix_core.tasks.jobs import BatchView
+    from radix_core.tasks.view import BatchView
 
 
 @dataclass(frozen=True)
@@ -62,101 +64,147 @@ class ClassifyResult:
 
 
 @dataclass(frozen=True)
-class ContinuationPick:
-    """Where one continuation's log-probabilities are read: rows `rows` of the head outputs of `sequence`, which
-    predict `targets`, the continuation's token ids."""
+class ItemLogprobs:
+    """A sub-job's partial result: per item the log-probabilities of its continuation tokens."""
 
-    sequence: int
-    rows: list[int]
-    targets: list[int]
+    logprobs: list[np.ndarray]  # per item (T_i,) float32
+    usage: Usage
 
 
 @dataclass(frozen=True)
 class ContinuationJob(TaskJob):
-    """Continuations as sequences: a sequence is every token of an item but the last; items with equal inputs
-    (one input's single-token labels) share one sequence, which asks the head for the union of their positions."""
+    """Continuations as sequences: a sequence is every token of an item but the last, and each continuation token
+    is one head query (the position before it, the token as target). Items come in groups of `group_size` (one
+    classify input's labels, or one scored continuation); a group's items with equal inputs share one sequence,
+    and a split keeps groups whole."""
 
-    positions: list[list[int]]  # per sequence, the sorted positions the LM head runs at
-    picks: list[ContinuationPick]  # per item
+    group_cu: np.ndarray  # (G+1,) int64 sequences of each group
+    group_size: int  # items per group
+    queries: HeadQuery  # one per continuation token, item by item
+    item_cu: np.ndarray  # (I+1,) int64 queries of each item
 
-    def logprobs(self, engine: Engine, view: BatchView) -> list[torch.Tensor]:
-        """Per item the (float32) log-probability of each of its continuation tokens."""
-        logprobs = [logits.log_softmax(-1) for logits in engine.head_at(view, self.positions)]  # each (P_s, vocab)
-        out = []
-        for pick in self.picks:
-            targets = torch.tensor(pick.targets, device=logprobs[pick.sequence].device)  # (T,)
-            out.append(logprobs[pick.sequence][pick.rows].gather(1, targets[:, None])[:, 0].cpu())
-        return out
+    def item_tokens(self) -> np.ndarray:
+        """(G,) tokens of each group: the unit a split cuts at."""
+        return np.diff(self.sequences.cu[self.group_cu])
+
+    def select(self, start: int, end: int) -> ContinuationJob:
+        first, last = int(self.group_cu[start]), int(self.group_cu[end])
+        q0, q1 = self.item_cu[[start * self.group_size, end * self.group_size]].tolist()
+        return replace(self, sequences=self.sequences.select(first, last),
+                       group_cu=self.group_cu[start:end + 1] - first,
+                       queries=self.queries.select(slice(q0, q1), first),
+                       item_cu=self.item_cu[start * self.group_size:end * self.group_size + 1] - q0)
 
 
 @dataclass(frozen=True)
 class ScoreJob(ContinuationJob):
-    """Items are the continuations, in request order."""
+    """Items are the continuations, in request order, one per group."""
 
     task = "score"
-
-    def finish(self, engine: Engine, view: BatchView) -> ScoreResult:
-        logprobs = self.logprobs(engine, view)
-        scores = [ContinuationScore(j, float(lp.sum()), float(lp.mean()), len(lp)) for j, lp in enumerate(logprobs)]
-        return ScoreResult(scores, view.usage)
 
 
 @dataclass(frozen=True)
 class ClassifyJob(ContinuationJob):
-    """Items are input-major: item `i * len(labels) + j` is label j after input i."""
+    """Items are input-major: item `i * len(labels) + j` is label j after input i; a group is one input."""
 
     task = "classify"
-    labels: list[str]
-
-    def finish(self, engine: Engine, view: BatchView) -> ClassifyResult:
-        sums = torch.tensor([float(lp.sum()) for lp in self.logprobs(engine, view)], dtype=torch.float64)
-        probabilities = sums.view(-1, len(self.labels)).softmax(-1)  # (n_inputs, n_labels)
-        return ClassifyResult(list(self.labels), probabilities.numpy(), view.usage)
+    labels: tuple[str, ...]
 
 
-def score_job(task_context: TaskContext, /, context: str, continuations: Sequence[str]) -> ScoreJob:
-    """Log-probabilities of each continuation after `context`; see the module docstring."""
-    check_text("context", context)
-    _check_continuations("continuations", continuations, task_context.config.max_items)
-    parts = PromptParts(context, [""], "")
-    prompts = task_context.prompt_tokenizer()
-    (items,) = prompts.encode_continuations(parts, continuations, task_context.token_limit)
-    return ScoreJob(*_layout(task_context, items))
+class ContinuationTask(Task):
+    """What scoring and classification share: the head query and the item log-probabilities."""
+
+    def head_query(self, job: ContinuationJob) -> HeadQuery:
+        return job.queries
+
+    def item_logprobs(self, job: ContinuationJob, view: BatchView) -> ItemLogprobs:
+        return ItemLogprobs(np.split(view.head, job.item_cu[1:-1]), view.usage)
+
+    def finish(self, job: ContinuationJob, view: BatchView) -> ItemLogprobs:
+        return self.item_logprobs(job, view)
 
 
-def classify_job(task_context: TaskContext, /, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
-                 template: str | Callable[[str], str] | None = None) -> ClassifyJob:
-    """Probability of each label after `prefix + template(input)`; see the module docstring. `template` is a
-    format string with `{input}` (its text before `{input}` joins the shared prefix) or a callable; a request
-    encoded in another process must hold a string, as a callable need not pickle (the job never holds it)."""
-    max_items = task_context.config.max_items
-    check_items("inputs", inputs, max_items)
-    _check_continuations("labels", labels, max_items)
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"labels must be distinct, got {list(labels)}")
-    parts = classify_parts(prefix, template, inputs)
-    rows = task_context.prompt_tokenizer().encode_continuations(parts, labels, task_context.token_limit,
-                                                                what="label", context_what="input")
-    return ClassifyJob(*_layout(task_context, [item for row in rows for item in row]), labels=list(labels))
+class ScoreTask(ContinuationTask):
+    name = "score"
+    rpc = "Score"
+
+    def job(self, task_context: TaskContext, /, context: str, continuations: Sequence[str]) -> ScoreJob:
+        """Log-probabilities of each continuation after `context`; see the module docstring."""
+        check_text("context", context)
+        _check_continuations("continuations", continuations, task_context.config.max_items)
+        prompts = task_context.prompt_tokenizer()
+        encoded = prompts.encode_continuations(PromptParts(context, [""], ""), continuations, task_context.token_limit)
+        return ScoreJob(*_layout(task_context, encoded, group_size=1))
+
+    def merge(self, job: ScoreJob, partials: Sequence[ItemLogprobs]) -> ScoreResult:
+        logprobs = [lp for p in partials for lp in p.logprobs]
+        scores = [ContinuationScore(j, float(lp.sum()), float(lp.mean()), len(lp)) for j, lp in enumerate(logprobs)]
+        return ScoreResult(scores, Usage.total([p.usage for p in partials]))
+
+    def to_dict(self, result: ScoreResult) -> dict[str, Any]:
+        scores = [{"index": s.index, "logprob": s.logprob, "mean_logprob": s.mean_logprob, "num_tokens": s.num_tokens}
+                  for s in result.scores]
+        return {"scores": scores, "usage": usage_dict(result.usage)}
 
 
-def _layout(context: TaskContext, items: Sequence[ContinuationIds]
-            ) -> tuple[list[list[int]], list[list[int]], list[ContinuationPick]]:
-    """(sequences, positions, picks) of `ContinuationJob` for `items`: a sequence needs every token of an item
-    but the last as input, and position p predicts token p + 1."""
+class ClassifyTask(ContinuationTask):
+    name = "classify"
+    rpc = "Classify"
+
+    def job(self, task_context: TaskContext, /, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
+            template: str | Callable[[str], str] | None = None) -> ClassifyJob:
+        """Probability of each label after `prefix + template(input)`; see the module docstring. `template` is a
+        format string with `{input}` (its text before `{input}` joins the shared prefix) or a callable; a request
+        encoded in another process must hold a string, as a callable need not pickle (the job never holds it)."""
+        max_items = task_context.config.max_items
+        check_items("inputs", inputs, max_items)
+        _check_continuations("labels", labels, max_items)
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"labels must be distinct, got {list(labels)}")
+        parts = classify_parts(prefix, template, inputs)
+        encoded = task_context.prompt_tokenizer().encode_continuations(parts, labels, task_context.token_limit,
+                                                                       what="label", context_what="input")
+        return ClassifyJob(*_layout(task_context, encoded, group_size=len(labels)), labels=tuple(labels))
+
+    def merge(self, job: ClassifyJob, partials: Sequence[ItemLogprobs]) -> ClassifyResult:
+        sums = torch.tensor([float(lp.sum()) for p in partials for lp in p.logprobs], dtype=torch.float64)
+        probabilities = sums.view(-1, len(job.labels)).softmax(-1)  # (n_inputs, n_labels)
+        return ClassifyResult(list(job.labels), probabilities.numpy(), Usage.total([p.usage for p in partials]))
+
+    def to_dict(self, result: ClassifyResult) -> dict[str, Any]:
+        rows = [{"probabilities": row, "label": label}
+                for row, label in zip(result.probabilities.tolist(), result.predictions)]  # (n, L) -> n rows
+        return {"labels": list(result.labels), "results": rows, "usage": usage_dict(result.usage)}
+
+
+def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
+            ) -> tuple[TokenSequences, int, np.ndarray, int, HeadQuery, np.ndarray]:
+    """The fields of a `ContinuationJob` (sequences, shared_len, group_cu, group_size, queries, item_cu) for the
+    encoded items, input-major, in groups of `group_size`: a sequence is every token of an item but the last,
+    position p predicts token p + 1, and within a group items with equal inputs share a sequence."""
     if context.head != "causal_lm":
         raise ValueError(f"model {context.model!r} has no LM head ({context.head}); scoring continuations "
                          f"needs a causal LM")
-    slots: dict[tuple[int, ...], int] = {}
-    slot_of = [slots.setdefault(tuple(item.ids[:-1]), len(slots)) for item in items]
-    wanted: list[set[int]] = [set() for _ in slots]
-    for item, slot in zip(items, slot_of):
-        wanted[slot].update(range(item.start - 1, len(item.ids) - 1))
-    positions = [sorted(p) for p in wanted]
-    row_of = [{p: r for r, p in enumerate(ps)} for ps in positions]
-    picks = [ContinuationPick(slot, [row_of[slot][p] for p in range(item.start - 1, len(item.ids) - 1)],
-                              item.ids[item.start:]) for item, slot in zip(items, slot_of)]
-    return [list(seq) for seq in slots], positions, picks
+    items = [item for row in encoded.rows for item in row]
+    sequences: list[list[int]] = []
+    group_cu, query_seq, query_pos, targets, item_cu = [0], [], [], [], [0]
+    for g in range(0, len(items), group_size):
+        slots: dict[tuple[int, ...], int] = {}
+        for item in items[g:g + group_size]:
+            key = tuple(item.ids[:-1])
+            if key not in slots:
+                slots[key] = len(sequences)
+                sequences.append(item.ids[:-1])
+            positions = range(item.start - 1, len(item.ids) - 1)
+            query_seq += [slots[key]] * len(positions)
+            query_pos += positions
+            targets += item.ids[item.start:]
+            item_cu.append(len(targets))
+        group_cu.append(len(sequences))
+    queries = HeadQuery(np.array(query_seq, dtype=np.int64), np.array(query_pos, dtype=np.int64),
+                        targets=np.array(targets, dtype=np.int64))
+    return (TokenSequences.from_lists(sequences), len(encoded.shared_ids), np.array(group_cu, dtype=np.int64), group_size,
+            queries, np.array(item_cu, dtype=np.int64))
 
 
 def _check_continuations(what: str, texts: Sequence[str], max_items: int) -> None:

@@ -1,0 +1,178 @@
+"""What every task shares: the `Task` interface each task module implements once, the job it encodes a request
+into, the head query a job asks of the batch, usage accounting, and the input checks.
+
+A task is one object (`TASKS` in `radix_core.tasks.registry`) that owns everything about it:
+
+    job = task.encode(context, request)        # check the arguments, render the template, tokenize (CPU)
+    parts = task.split(job, max_tokens)        # token-bounded sub-jobs that keep the shared prefix
+    partial = task.finish(part, view)          # a sub-job's result from its slice of a batch's forward
+    result = task.merge(job, partials)         # one result, as if the request had run whole
+    task.to_dict(result)                       # the response's fields, as the transports name them
+
+A job holds token ids (`TokenSequences`), never text the engine would tokenize again, and what finishing needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from radix_core.tasks.context import TaskContext
+from radix_core.tokens import TokenSequences
+
+if TYPE_CHECKING:
+    from radix_core.tasks.view import BatchView
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens of one call: as sent to the model, and rows computed after shared prefixes were deduplicated."""
+
+    input_tokens: int
+    computed_tokens: int
+
+    @staticmethod
+    def total(usages: Sequence[Usage]) -> Usage:
+        return Usage(sum(u.input_tokens for u in usages), sum(u.computed_tokens for u in usages))
+
+
+@dataclass(frozen=True)
+class HeadQuery:
+    """Head outputs a job needs, answered for the whole batch at once (`radix_core.tasks.view.answer_queries`):
+    at position `positions[i]` (negative from the end) of the job's sequence `sequences[i]`, either the head's
+    outputs (`columns` of them, or all) or, with `targets`, the log-probability of token `targets[i]`."""
+
+    sequences: np.ndarray  # (P,) int64
+    positions: np.ndarray  # (P,) int64
+    targets: np.ndarray | None = None  # (P,) int64 token ids
+    columns: tuple[int, ...] | None = None
+
+    def select(self, keep: slice, first_sequence: int) -> HeadQuery:
+        """Queries `keep`, their sequences renumbered from `first_sequence`."""
+        targets = None if self.targets is None else self.targets[keep]
+        return replace(self, sequences=self.sequences[keep] - first_sequence, positions=self.positions[keep],
+                       targets=targets)
+
+
+@dataclass(frozen=True)
+class TaskJob:
+    """One request (or a part of one), validated and tokenized; picklable. Every sequence starts with the
+    request's `shared_len` shared ids, the prefix the routing key hashes. The split unit is an *item*; by default
+    item i is sequence i (a document, a text)."""
+
+    task: ClassVar[str]
+    sequences: TokenSequences
+    shared_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.sequences.num_tokens
+
+    @property
+    def shared_ids(self) -> np.ndarray:
+        """(shared_len,) int32 ids every sequence starts with."""
+        return self.sequences.ids[:self.shared_len]
+
+    def item_tokens(self) -> np.ndarray:
+        """(I,) int64 tokens each item brings."""
+        return self.sequences.lengths
+
+    def select(self, start: int, end: int) -> TaskJob:
+        """Items `start .. end - 1` as a job of their own."""
+        return replace(self, sequences=self.sequences.select(start, end))
+
+
+class Task(ABC):
+    """One task: its request checking, template and encoding, split and merge, finishing and response fields.
+
+    `job`'s keyword parameters are the request's arguments: `encode` refuses unknown and missing ones by name.
+    """
+
+    name: ClassVar[str]
+    rpc: ClassVar[str]  # gRPC method of radixserve.v1.Scoring; its messages are `{rpc}Request`/`{rpc}Response`
+
+    def encode(self, context: TaskContext, request: Mapping[str, Any]) -> TaskJob:
+        """Validate and tokenize one request (the keyword arguments of the `Engine` method of this task); an
+        unknown or missing key and bad input raise a ValueError saying what is wrong."""
+        if not isinstance(request, Mapping):
+            raise ValueError(f"the {self.name} request must be a mapping of its arguments, got "
+                             f"{type(request).__name__}")
+        params = list(inspect.signature(self.job).parameters.values())[1:]  # after the TaskContext
+        allowed = [p.name for p in params]
+        unknown = sorted(set(request) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown {self.name} request keys {unknown}: allowed are {allowed}")
+        required = [p.name for p in params if p.default is inspect.Parameter.empty]
+        missing = [name for name in required if name not in request]
+        if missing:
+            raise ValueError(f"the {self.name} request lacks {missing}: it needs {required}")
+        return self.job(context, **request)
+
+    @abstractmethod
+    def job(self, context: TaskContext, /, **arguments: Any) -> TaskJob:
+        """The request's job; the keyword parameters are the request's arguments, with their defaults."""
+
+    def split(self, job: TaskJob, max_tokens: int) -> list[TaskJob]:
+        """Sub-jobs of at most `max_tokens` each (unless one item alone is larger), items in order; each starts
+        with the request's shared ids, so all keep its routing key. Token counts are exact."""
+        bounds = _chunks(job.item_tokens(), max_tokens)
+        return [job] if len(bounds) == 1 else [job.select(start, end) for start, end in bounds]
+
+    def head_query(self, job: TaskJob) -> HeadQuery | None:
+        """The head outputs `finish` reads (`view.head`); None when it reads hidden states only."""
+        return None
+
+    @abstractmethod
+    def finish(self, job: TaskJob, view: BatchView) -> Any:
+        """The job's partial result (with `view.usage`) from its slice of the batch's forward."""
+
+    @abstractmethod
+    def merge(self, job: TaskJob, partials: Sequence[Any]) -> Any:
+        """The request's result from its sub-jobs' partial results, in `split` order."""
+
+    @abstractmethod
+    def to_dict(self, result: Any) -> dict[str, Any]:
+        """The result as the response's fields (the names of `{rpc}Response` in the gRPC API)."""
+
+
+def usage_dict(usage: Usage) -> dict[str, int]:
+    return {"input_tokens": usage.input_tokens, "computed_tokens": usage.computed_tokens}
+
+
+def _chunks(costs: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+    """`(start, end)` item ranges of at most `max_tokens` (a single larger item alone), greedy in order."""
+    bounds, start, total = [], 0, 0
+    for i, cost in enumerate(costs.tolist()):
+        if i > start and total + cost > max_tokens:
+            bounds.append((start, i))
+            start, total = i, 0
+        total += cost
+    bounds.append((start, len(costs)))
+    return bounds
+
+
+def check_text(what: str, text: str) -> None:
+    """A required text: a non-empty str."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+    if not text:
+        raise ValueError(f"{what} is empty")
+
+
+def check_items(what: str, items: Sequence[str], max_items: int) -> None:
+    """A list of strings with 1..max_items entries (a bare string is refused, not split into characters)."""
+    if isinstance(items, str) or not isinstance(items, Sequence):
+        raise ValueError(f"{what} must be a list of strings, got {type(items).__name__}")
+    if not items:
+        raise ValueError(f"{what} is empty: give at least one")
+    if len(items) > max_items:
+        raise ValueError(f"{len(items)} {what} is more than the limit of {max_items} per call: split the request "
+                         f"or raise max_items in the task config")
+    bad = next((i for i, item in enumerate(items) if not isinstance(item, str)), None)
+    if bad is not None:
+        raise ValueError(f"{what}[{bad}] must be a string, got {type(items[bad]).__name__}")

@@ -1,0 +1,46 @@
+"""`TaskContext`: what the CPU half of every task reads (validation, templates, tokenization), without weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radix_core.architectures import head_of, load_config, max_seq_len
+from radix_core.tasks.config import TaskConfig
+from radix_core.templates import Template, resolve_template
+from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """The model's facts, its tokenizer and the task config. Picklable, so tasks can be encoded in another process
+    (the Ray Serve ingress encodes requests with a context loaded by `load_task_context`)."""
+
+    model: str
+    family: str  # config.model_type, e.g. "qwen3"
+    head: str  # "causal_lm", "seq_cls" or "base"
+    hidden_size: int
+    max_seq_len: int
+    prompts: PromptTokenizer | None  # None for a model without a tokenizer: no text tasks
+    config: TaskConfig
+
+    def prompt_tokenizer(self) -> PromptTokenizer:
+        if self.prompts is None:
+            raise ValueError(f"model {self.model!r} has no tokenizer, which the text tasks need: put its "
+                             f"tokenizer.json next to the weights, or call Engine.forward with token ids")
+        return self.prompts
+
+    @property
+    def token_limit(self) -> int:
+        """Per-sequence tokens: the configured limit, capped at what the model computes exactly."""
+        configured = self.config.max_tokens
+        return self.max_seq_len if configured is None else min(configured, self.max_seq_len)
+
+    def template(self, task: str) -> Template:
+        return resolve_template(task, self.family, self.head, self.config.templates)
+
+
+def load_task_context(model: str, config: TaskConfig) -> TaskContext:
+    """The `TaskContext` of `model` from its config and tokenizer alone: no weights are read."""
+    hf_config = load_config(model)
+    return TaskContext(model, hf_config.model_type, head_of(hf_config), hf_config.hidden_size, max_seq_len(hf_config),
+                       load_prompt_tokenizer(model), config)

@@ -1,0 +1,21 @@
+"""`TASKS`: every task by name, the one place the engine, the ingress and the transports look tasks up.
+
+Adding a task is one module defining a `Task` (and its job), one line here, and its messages and rpc in the gRPC
+contract (`proto/radixserve/v1/scoring.proto`, named after `Task.rpc`).
+"""
+
+from __future__ import annotations
+
+from radix_core.tasks.base import Task
+from radix_core.tasks.embed import EmbedTask
+from radix_core.tasks.rerank import RerankTask
+from radix_core.tasks.scoring import ClassifyTask, ScoreTask
+
+TASKS: dict[str, Task] = {task.name: task for task in (RerankTask(), EmbedTask(), ClassifyTask(), ScoreTask())}
+
+
+def task_of(name: str) -> Task:
+    """The task called `name`, or a ValueError listing the known ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
+    return TASKS[name]
