@@ -6,13 +6,13 @@ import pytest
 
 from radix_core.engine import Engine
 from radix_core.tasks import TaskConfig
-from radix_core.tasks.rerank import encode_rerank
 from radix_core.templates import (
     QWEN3_EMBEDDING,
     QWEN3_RERANKER,
     CrossEncoderPair,
     EmbedTemplate,
     RerankTemplate,
+    Segment,
     TemplateNotFound,
     classify_parts,
     resolve_template,
@@ -62,17 +62,6 @@ def test_shared_prefix_for_routing():
         CrossEncoderPair().shared_prefix("q", "an instruction")
 
 
-def test_routing_prefix_ids_start_every_sequence(engine):
-    for family, head in (("qwen3", "causal_lm"), ("llama", "seq_cls")):
-        e = engine(family, head)
-        template = resolve_template("rerank", family, head)
-        key = e.prompts.routing_prefix_ids(template, "my query")
-        batch = encode_rerank(e.context, template, "my query", ["a", " b", "\nc"], None, truncate=False)
-        assert key == batch.shared_ids and all(seq[:len(key)] == key for seq in batch.sequences)
-    ids = engine().prompts.routing_prefix_ids(QWEN3_EMBEDDING, instruction="Find it")
-    assert ids == engine().prompts.encode("Instruct: Find it\n")  # "Query:" joins each text: ":" may glue to it
-
-
 def test_templates_from_config_dicts(engine):
     config = TaskConfig.from_dict({"max_items": 3, "templates": {
         "rerank": {"prefix": "Q: ", "body": "{query}\nD: {document}", "suffix": "\nRelevant:", "yes_token": "yes"},
@@ -105,7 +94,8 @@ def test_bad_config():
 
 def test_classify_template_shares_its_head():
     parts = classify_parts("shots\n", "Review: {input}\nSentiment:", ["a", "b"])
-    assert (parts.shared, parts.varying, parts.suffix) == ("shots\nReview: ", ["a", "b"], "\nSentiment:")
+    assert parts.shared == (Segment("shots\n", user=True), Segment("Review: ", user=False))
+    assert (parts.varying, parts.suffix) == (["a", "b"], (Segment("\nSentiment:", user=False),))
 
 
 @pytest.mark.parametrize("call, message", [

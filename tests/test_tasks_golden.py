@@ -65,7 +65,7 @@ def run(model, ids: list[int]) -> torch.Tensor:
 
 def rerank_prompt(doc: str) -> str:
     parts = QWEN3_RERANKER.parts(QUERY, [doc])
-    return parts.shared + doc + parts.suffix
+    return parts.prompts[0]
 
 
 def continuation_logprob(model, tokenizer, context: str, continuation: str) -> float:
@@ -189,6 +189,6 @@ def test_usage_counts_shared_prefixes_once(engine):
     batch_ids = [prompts.encode(rerank_prompt(d)) for d in DOCS]
     got = causal.rerank(QUERY, DOCS).usage
     assert got.input_tokens == sum(map(len, batch_ids))
-    shared = len(prompts.shared_prefix_ids(QWEN3_RERANKER.shared_prefix(QUERY)))
+    shared = len(prompts.encode_prompts(QWEN3_RERANKER.parts(QUERY, DOCS), 4096, False).shared_ids)
     assert shared > 50 and got.computed_tokens <= got.input_tokens - shared * (len(DOCS) - 1)
     assert engine("qwen3", "causal_lm", "off").rerank(QUERY, DOCS).usage.computed_tokens == got.input_tokens
