@@ -1,4 +1,4 @@
-"""Engine modes side by side on the DESIGN.md section 4 workloads, with FLOP bounds and peak memory.
+"""Engine modes side by side on the workloads of docs/ARCHITECTURE.md section 7, with FLOP bounds and peak memory.
 
 Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, intermediate 1536, random
 weights, float32 (the `bench` preset of `radix_core.tiny_models`). For each shape, every mode runs in one

@@ -1,4 +1,6 @@
-"""Compression N'/N of the MS MARCO-shaped rerank batch with the real Qwen3-Reranker prompt (DESIGN.md section 4).
+"""Compression N'/N of the MS MARCO-shaped rerank batch with the real Qwen3-Reranker prompt.
+
+The shape is that of docs/ARCHITECTURE.md, section 7 "Benchmark shapes".
 
 One 64-sequence batch: 8 queries x 8 passages, each sequence the Qwen3-Reranker prompt (system prompt, default
 instruction, query, passage, assistant suffix) tokenized by `radix_core.tokenization` with the tiny byte-level BPE

@@ -1,8 +1,9 @@
 """Tiny random-weight transformers models with a small trained tokenizer, for tests and smoke runs.
 
 No machine here reaches a model hub, and tests compare our forward against transformers itself
-(DESIGN.md section 3), so we write real checkpoints to a directory and load them back through the
-ordinary loading path: `AutoModel*.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`.
+(docs/ARCHITECTURE.md, section 6 "Invariants"), so we write real checkpoints to a directory and load
+them back through the ordinary loading path: `AutoModel*.from_pretrained(dir)` and
+`AutoTokenizer.from_pretrained(dir)`.
 
 Each architecture gets settings that real checkpoints of its family use and that a careless
 forward would get wrong: Qwen3 has q/k-norm and head_dim = 2 * hidden / heads (like Qwen3-0.6B)
