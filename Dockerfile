@@ -12,6 +12,12 @@
 # tests/test_k8s_image.py checks these versions and the RayService's image tag.
 FROM rayproject/ray:2.60.0-py311-cu130
 
+# Ray's gRPC proxy refuses messages over this many bytes before any of our code runs (its default is 2 GiB): set
+# from serve_config.yaml's max_request_bytes (16 MiB) plus 64 KiB for the envelope, so a request just over the
+# limit still gets the ingress's own RESOURCE_EXHAUSTED naming max_request_bytes. Change both together
+# (tests/test_k8s_image.py checks they agree).
+ENV RAY_SERVE_GRPC_MAX_MESSAGE_SIZE=16842752
+
 WORKDIR /home/ray/radixserve
 COPY --chown=ray:users pyproject.toml README.md ./
 COPY --chown=ray:users radix_core ./radix_core

@@ -66,7 +66,7 @@ async def send(handle, units: list[list[dict]], clients: int) -> float:
 
     async def client():
         while queue:
-            await asyncio.gather(*(handle.rerank.remote(request) for request in queue.pop()))
+            await asyncio.gather(*(handle.call.remote("rerank", request) for request in queue.pop()))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))

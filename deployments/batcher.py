@@ -9,7 +9,7 @@ arrived, first fit within the budget; an item larger than the budget runs alone 
 
 Two stages run as a pipeline so the device never waits for the CPU work of the next batch:
 
-    prepare(items) -> prepared      e.g. tokenize + build the radix index in an IndexBuilder actor
+    prepare(items) -> prepared      e.g. build the radix index in an IndexBuilder actor
     run_batch(prepared) -> results  e.g. `Engine.forward` on the device; one result per item, in order
 
 While batch k runs, batch k+1 is formed and prepared; it then waits (at most one prepared batch) until batch k
@@ -39,7 +39,7 @@ class BatchStats:
     num_tokens: int
     num_keys: int  # distinct prefix keys (keyless items count one each)
     queue_s: float  # oldest item's wait from submit until its batch closed
-    build_s: float  # prepare(): tokenize + index, overlapped with the previous batch's forward
+    build_s: float  # prepare(): the index build, overlapped with the previous batch's forward
     wait_s: float  # prepared batch waiting for the device (the previous forward still running)
     forward_s: float  # run_batch()
     ok: bool  # False when prepare or run_batch raised

@@ -148,7 +148,7 @@ class AppArgs(_Settings):
         "auto", description="Attention backend; auto is flash-attn on CUDA in half precision when installed.")
     max_batch_tokens: int = Field(16384, ge=1, description="Token budget of one engine batch.")
     index_builder: Literal["actor", "inline"] = Field(
-        "actor", description="actor: tokenize and index batch k+1 in a per-replica actor while batch k runs; "
+        "actor", description="actor: index batch k+1 in a per-replica actor while batch k runs; "
                              "inline: build each batch just before running it (for comparison).")
     batch_wait_timeout_s: float = Field(0.01, ge=0.0, le=10.0,
                                         description="Longest a request waits for its batch to fill.")
@@ -162,6 +162,11 @@ class AppArgs(_Settings):
         16 * 1024 * 1024, ge=1, description="Largest gRPC request message the ingress accepts; larger ones get "
                                             "RESOURCE_EXHAUSTED naming this limit. Ray's gRPC proxy itself "
                                             "accepts up to $RAY_SERVE_GRPC_MAX_MESSAGE_SIZE (2 GiB by default).")
+    special_tokens_in_user_text: bool = Field(
+        False, description="false: special-token literals in user text (<|im_end|> in a document) are plain text, "
+                           "only the prompt template's are control tokens. true: the tokenizer's raw behaviour; "
+                           "anyone who writes a document can then rewrite the prompt (e.g. answer 'yes' for a "
+                           "reranker), so only for fully trusted text.")
     api_keys_file: str | None = Field(
         None, description="Path of a file with one API key per line (# starts a comment); gRPC calls then need "
                           "the metadata 'authorization: Bearer <key>'. Unset together with api_keys_env: no auth.")
@@ -225,7 +230,8 @@ class AppArgs(_Settings):
         """What the tasks accept, for the ingress (which encodes) and the engine (its library methods)."""
         from radix_core.tasks import TaskConfig
 
-        return TaskConfig(max_items=self.max_items_per_request, max_tokens=self.max_tokens_per_item)
+        return TaskConfig(max_items=self.max_items_per_request, max_tokens=self.max_tokens_per_item,
+                          special_tokens_in_user_text=self.special_tokens_in_user_text)
 
     def resolved_ingress_cpus(self, cluster_gpus: float) -> float:
         if self.ingress_cpus is not None:

@@ -83,6 +83,7 @@ class Ingress:
         self.args = args
         self.api_keys = load_api_keys(args.api_keys_file, args.api_keys_env)
         self.context = load_task_context(args.model, args.task_config())
+        self.submitted_parts = 0  # sub-jobs sent to the engine by this replica
 
     async def call(self, task: str, request: dict[str, Any]) -> Any:
         """The task's result for one request; a ValueError names what is wrong before anything is queued."""
@@ -92,7 +93,7 @@ class Ingress:
         engine = await self.engine.info.remote()
         return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.max_items_per_request,
                 "max_tokens_per_item": self.context.token_limit, "max_request_tokens": self.args.max_request_tokens,
-                "max_request_bytes": self.args.max_request_bytes}
+                "max_request_bytes": self.args.max_request_bytes, "submitted_parts": self.submitted_parts}
 
     async def Info(self, request: pb.InfoRequest, grpc_context: RayServegRPCContext) -> pb.InfoResponse:
         async def answer() -> pb.InfoResponse:
@@ -169,6 +170,7 @@ class Ingress:
         """Encode (in a worker thread), split, submit every part with the request's key, merge."""
         job, parts = await asyncio.to_thread(self._encode, task, request)
         key = prefix_key(job)
+        self.submitted_parts += len(parts)
         partials = await asyncio.gather(*(self.engine.submit.remote(part, prefix_key=key, num_tokens=part.num_tokens)
                                           for part in parts))
         return await asyncio.to_thread(task.merge, job, partials)

@@ -8,9 +8,9 @@ Selected per deployment with
 Contract with the caller (the ingress): the key and the work size travel as keyword arguments of the handle
 call, which Ray hands to the router in `PendingRequest.kwargs` and then to the replica method unchanged:
 
-    engine.score.remote(payload, prefix_key=key, num_tokens=n)
+    engine.submit.remote(job, prefix_key=key, num_tokens=n)
 
-so the engine's method takes them too (`async def score(self, payload, *, prefix_key, num_tokens)`). A call
+so the engine's method takes them too (`async def submit(self, job, *, prefix_key, num_tokens)`). A call
 without `prefix_key` is ranked least-loaded first; without `num_tokens` it weighs one token.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed

@@ -47,7 +47,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from radix_core.architectures import ModelLoadError
+from radix_core.architectures import model_load_error
 from radix_core.templates import PromptParts, Text, joined, user_text
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -471,4 +471,4 @@ def load_prompt_tokenizer(model: str) -> PromptTokenizer | None:
     try:
         return PromptTokenizer(AutoTokenizer.from_pretrained(model))
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"could not load the tokenizer of model {model!r}: {err}") from err
+        raise model_load_error(model, "tokenizer", err) from err

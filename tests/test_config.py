@@ -88,7 +88,7 @@ def test_autoscaling_converts_to_a_ray_autoscaling_config():
     args = AppArgs.model_validate({"engine_replicas": {"autoscaling": {
         "min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 16, "upscale_delay_s": 5,
         "downscale_delay_s": 120}}})
-    options = args.engine_options(cluster_gpus=0)
+    options = args.engine_options(cluster_gpus=0, node_cpus=2)
     assert "num_replicas" not in options
     ray_config = AutoscalingConfig(**options["autoscaling_config"])  # Ray accepts every key we emit
     assert (ray_config.min_replicas, ray_config.max_replicas, ray_config.target_ongoing_requests) == (1, 8, 16)
@@ -97,7 +97,7 @@ def test_autoscaling_converts_to_a_ray_autoscaling_config():
 
 def test_router_settings_become_a_request_router_config():
     args = AppArgs.model_validate({"router": {"load_factor": 1.5, "virtual_nodes": 64, "min_load_tokens": 4096}})
-    config = args.engine_options(cluster_gpus=0)["request_router_config"]
+    config = args.engine_options(cluster_gpus=0, node_cpus=2)["request_router_config"]
     assert config.request_router_class == ROUTER_CLASS
     assert config.request_router_kwargs == {"load_factor": 1.5, "virtual_nodes": 64, "min_load_tokens": 4096}
     assert config.get_request_router_class().__name__ == "PrefixAffinityRouter"
@@ -108,15 +108,30 @@ def test_router_settings_become_a_request_router_config():
 ])
 def test_accelerator_resolution(accelerator, gpus, expected):
     assert resolve_accelerator(accelerator, gpus) == expected
-    options = AppArgs(accelerator=accelerator).engine_options(cluster_gpus=gpus)
+    options = AppArgs(accelerator=accelerator).engine_options(cluster_gpus=gpus, node_cpus=8)
     assert options["ray_actor_options"]["num_gpus"] == (1 if expected == "gpu" else 0)
 
 
 def test_engine_and_ingress_options():
     args = AppArgs(engine_replicas=2, ingress_replicas=3, max_queued_requests=None, engine_cpus=0.5,
                    ingress_cpus=0.25)
-    engine = args.engine_options(cluster_gpus=0)
+    engine = args.engine_options(cluster_gpus=0, node_cpus=2)
     assert engine["num_replicas"] == 2 and engine["max_queued_requests"] == -1
     assert engine["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0}
-    assert args.ingress_options() == {"num_replicas": 3, "max_ongoing_requests": args.ingress_max_ongoing_requests,
-                                      "ray_actor_options": {"num_cpus": 0.25}}
+    assert args.ingress_options(cluster_gpus=0) == {
+        "num_replicas": 3, "max_ongoing_requests": args.ingress_max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": 0.25}}
+
+
+@pytest.mark.parametrize("settings, gpus, node_cpus, engine_cpus, ingress_cpus", [
+    ({}, 0, 2, 1.75, 0.25),  # a CPU machine: the engine gets the cores the ingress does not reserve
+    ({}, 0, 16, 15.75, 0.25),
+    ({"engine_replicas": 2, "ingress_replicas": 2}, 0, 8, 3.75, 0.25),
+    ({"engine_replicas": 8}, 0, 2, 0.5, 0.25),  # never below MIN_ENGINE_CPUS
+    ({}, 4, 16, 1.0, 1.0),  # beside a GPU
+    ({"engine_cpus": 3, "ingress_cpus": 0.5}, 0, 16, 3, 0.5),  # as set
+])
+def test_default_cpu_reservations_follow_the_node(settings, gpus, node_cpus, engine_cpus, ingress_cpus):
+    args = AppArgs(**settings)
+    assert args.engine_options(cluster_gpus=gpus, node_cpus=node_cpus)["ray_actor_options"]["num_cpus"] == engine_cpus
+    assert args.ingress_options(cluster_gpus=gpus)["ray_actor_options"]["num_cpus"] == ingress_cpus

@@ -179,3 +179,12 @@ def test_dockerfile_copies_what_the_wheel_needs_and_dockerignore_keeps_it():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert not copied & ignored, f".dockerignore drops files the Dockerfile copies: {copied & ignored}"
+
+
+def test_image_grpc_message_limit_agrees_with_serve_config():
+    from radixserve.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
+
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    expected = grpc_message_limit(config["applications"][0]["args"]["max_request_bytes"])
+    found = re.search(rf"^ENV {GRPC_MESSAGE_SIZE_ENV}=(\d+)$", dockerfile(), re.MULTILINE)
+    assert found and int(found.group(1)) == expected, f"the Dockerfile must set ENV {GRPC_MESSAGE_SIZE_ENV}={expected}"

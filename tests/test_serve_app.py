@@ -46,9 +46,9 @@ def call(handle, task: str, request: dict):
     return handle.call.remote(task, request).result(timeout_s=60)
 
 
-def items_submitted(handle) -> int:
-    """Items the engine replica that answers `info` has batched so far."""
-    return handle.info.remote().result(timeout_s=30)["batcher"]["num_items"]
+def parts_submitted(handle) -> int:
+    """Sub-jobs the (one) ingress replica has sent to the engine so far."""
+    return handle.info.remote().result(timeout_s=30)["submitted_parts"]
 
 
 @pytest.mark.serve
@@ -78,7 +78,7 @@ def test_served_results_equal_the_library(app, engine):
 @pytest.mark.serve
 @pytest.mark.timeout(120)
 def test_bad_input_is_refused_at_the_ingress_and_the_server_keeps_serving(app):
-    before = items_submitted(app)
+    before = parts_submitted(app)
     with pytest.raises(ValueError, match="documents is empty"):
         call(app, "rerank", {"query": QUERY, "documents": []})
     with pytest.raises(ValueError, match="unknown rerank request keys"):
@@ -87,8 +87,9 @@ def test_bad_input_is_refused_at_the_ingress_and_the_server_keeps_serving(app):
         call(app, "summarize", {"texts": DOCS})
     with pytest.raises(ValueError, match="continuations\\[1\\] is empty"):
         call(app, "score", {"context": "c", "continuations": ["a", ""]})
-    assert items_submitted(app) == before  # nothing reached an engine replica
+    assert parts_submitted(app) == before  # nothing reached an engine replica
     assert len(call(app, "rerank", {"query": QUERY, "documents": DOCS[:2]}).results) == 2
+    assert parts_submitted(app) > before
 
 
 @pytest.mark.serve

@@ -18,11 +18,15 @@ class TaskConfig:
     continuations per score. `max_tokens` is the per-sequence token limit; None takes the model's own maximum
     (a larger value is capped at it). `templates` maps a task ("rerank", "embed") to a template, or a dict of
     its fields, that replaces the registry default for this model (see `radix_core.templates`).
+    `special_tokens_in_user_text`: False (the default) encodes special-token literals in user text (`<|im_end|>` in
+    a document) as plain text, so only the template's own control tokens are control tokens; True gives the
+    tokenizer's raw behaviour, which lets whoever writes a document rewrite the prompt: trusted text only.
     """
 
     max_items: int = DEFAULT_MAX_ITEMS
     max_tokens: int | None = None
     templates: Mapping[str, Template | Mapping] = field(default_factory=dict)
+    special_tokens_in_user_text: bool = False
 
     def __post_init__(self) -> None:
         if self.max_items < 1:
@@ -37,5 +41,6 @@ class TaskConfig:
         """From plain config (YAML); templates may be dicts of their fields."""
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
-            raise ValueError(f"unknown task config keys {unknown}: allowed are max_items, max_tokens, templates")
+            allowed = ", ".join(f.name for f in fields(cls))
+            raise ValueError(f"unknown task config keys {unknown}: allowed are {allowed}")
         return cls(**{**data, "templates": data.get("templates") or {}})

@@ -62,7 +62,8 @@ class EmbedTask(Task):
         template = context.template("embed")
         prompts = context.prompt_tokenizer()
         batch = prompts.encode_prompts(template.parts(texts, instruction), context.token_limit, truncate,
-                                       end_ids=end_token_ids(context, template), what="text")
+                                       end_ids=end_token_ids(context, template), what="text",
+                                       special_tokens_in_user_text=context.config.special_tokens_in_user_text)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
             raise ValueError(f"texts[{empty}] is empty and this model's embedding prompt adds no tokens of its "

@@ -122,9 +122,11 @@ def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderP
     prompts = context.prompt_tokenizer()
     if isinstance(template, CrossEncoderPair):
         template.shared_prefix(query, instruction)  # refuses an instruction
-        return prompts.encode_pairs(query, documents, context.token_limit, truncate, what="document")
+        return prompts.encode_pairs(query, documents, context.token_limit, truncate, what="document",
+                                    special_tokens_in_user_text=context.config.special_tokens_in_user_text)
     parts = template.parts(query, documents, instruction)
-    return prompts.encode_prompts(parts, context.token_limit, truncate, what="document")
+    return prompts.encode_prompts(parts, context.token_limit, truncate, what="document",
+                                  special_tokens_in_user_text=context.config.special_tokens_in_user_text)
 
 
 def _answer_ids(context: TaskContext, template: RerankTemplate | CrossEncoderPair) -> tuple[int, int] | None:

@@ -133,7 +133,9 @@ class ScoreTask(ContinuationTask):
         check_text("context", context)
         _check_continuations("continuations", continuations, task_context.config.max_items)
         prompts = task_context.prompt_tokenizer()
-        encoded = prompts.encode_continuations(PromptParts(context, [""], ""), continuations, task_context.token_limit)
+        encoded = prompts.encode_continuations(
+            PromptParts(context, [""], ""), continuations, task_context.token_limit,
+            special_tokens_in_user_text=task_context.config.special_tokens_in_user_text)
         return ScoreJob(*_layout(task_context, encoded, group_size=1))
 
     def merge(self, job: ScoreJob, partials: Sequence[ItemLogprobs]) -> ScoreResult:
@@ -162,8 +164,10 @@ class ClassifyTask(ContinuationTask):
         if len(set(labels)) != len(labels):
             raise ValueError(f"labels must be distinct, got {list(labels)}")
         parts = classify_parts(prefix, template, inputs)
+        special = task_context.config.special_tokens_in_user_text
         encoded = task_context.prompt_tokenizer().encode_continuations(parts, labels, task_context.token_limit,
-                                                                       what="label", context_what="input")
+                                                                       what="label", context_what="input",
+                                                                       special_tokens_in_user_text=special)
         return ClassifyJob(*_layout(task_context, encoded, group_size=len(labels)), labels=tuple(labels))
 
     def merge(self, job: ClassifyJob, partials: Sequence[ItemLogprobs]) -> ClassifyResult:
