@@ -58,7 +58,9 @@ class EngineReplica:
                 "batcher": self.batcher.stats.summary()}
 
     async def check_health(self) -> None:
-        """Serve's health probe: a dead IndexBuilder is replaced here rather than failing the replica."""
+        """Serve's health probe: the device must still compute (else Serve replaces the replica); a dead
+        IndexBuilder is replaced here rather than failing the replica."""
+        await asyncio.to_thread(self.engine.check_device)
         if self.builder is None:
             return
         try:

@@ -141,6 +141,9 @@ class Ingress:
                 return await answer()
             except Exception as err:  # every error becomes a status; status_of logs the unexpected ones
                 code, details = status_of(err)
+        if code != grpc.StatusCode.INTERNAL:  # the client's to fix: one line, no stack trace
+            logger.warning("request %s refused: %s: %s", serve.context._get_serve_request_context().request_id,
+                           code.name, details)
         grpc_context.set_code(code)
         grpc_context.set_details(details)
         return response()

@@ -90,6 +90,12 @@ class Engine:
     def limits(self) -> BatchLimits:
         return BatchLimits(self.arch.vocab_size, self.arch.max_seq_len, self.radix_threshold)
 
+    def check_device(self) -> None:
+        """One tiny kernel and a copy back: raises when the device is unusable (a sticky CUDA error leaves every
+        later batch failing while the process looks alive)."""
+        if torch.ones(1, device=self.device).add_(1).item() != 2:
+            raise RuntimeError(f"device {self.device} computed 1 + 1 wrong")
+
     def prepare(self, sequences: TokenSequences | Sequence[Sequence[int]], mode: str | None = None) -> PreparedBatch:
         """The CPU half of a forward: check, index and choose the mode (`radix_core.batch.prepare_batch`)."""
         return prepare_batch(sequences, self.radix if mode is None else mode, self.limits)
