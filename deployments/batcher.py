@@ -28,7 +28,15 @@ from typing import Any
 
 
 class QueueFullError(RuntimeError):
-    """The replica's batch queue is at its bound; the caller should retry later or elsewhere."""
+    """The replica's batch queue is at its bound; the caller should retry after about `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message, retry_after_s)  # both in args, so the error pickles across Ray processes
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +71,11 @@ class BatcherStats:
         self.num_items += batch.num_items
         self.num_failed_batches += not batch.ok
         self.recent.append(batch)
+
+    def tokens_per_second(self) -> float | None:
+        """Tokens the device ran per second of forward over the recent batches; None before the first."""
+        seconds = sum(b.forward_s for b in self.recent if b.ok)
+        return sum(b.num_tokens for b in self.recent if b.ok) / seconds if seconds > 0 else None
 
     def summary(self) -> dict[str, float]:
         """Means over the recent batches (zeros before the first batch)."""
@@ -151,12 +164,20 @@ class TokenBudgetBatcher:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         if self.max_queued_items is not None and len(self._queue) >= self.max_queued_items:
+            retry = self._drain_s()
             raise QueueFullError(f"batch queue full: {len(self._queue)} requests waiting (max_queued_items="
-                                 f"{self.max_queued_items}); retry later, add replicas, or raise the bound")
+                                 f"{self.max_queued_items}); retry in about {retry:.1f} s, add replicas, or raise "
+                                 "the bound", retry)
         if self.max_queued_tokens is not None and self._queued_tokens + num_tokens > self.max_queued_tokens:
+            retry = self._drain_s()
             raise QueueFullError(f"batch queue full: {self._queued_tokens} tokens waiting + {num_tokens} requested "
-                                 f"> max_queued_tokens={self.max_queued_tokens}; retry later, add replicas, split "
-                                 "the request, or raise the bound")
+                                 f"> max_queued_tokens={self.max_queued_tokens}; retry in about {retry:.1f} s, add "
+                                 "replicas, split the request, or raise the bound", retry)
+
+    def _drain_s(self) -> float:
+        """Seconds the device needs for what waits now, at its recent rate (1 s before it has one)."""
+        rate = self.stats.tokens_per_second()
+        return self._queued_tokens / rate if rate else 1.0
 
     def _start(self) -> None:
         if not self._tasks:

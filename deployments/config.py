@@ -178,6 +178,10 @@ class AppArgs(_Settings):
     ingress_max_ongoing_requests: int = Field(
         1024, ge=1, description="Requests one ingress replica handles at once (each mostly awaits the engine); "
                                 "beyond it the proxy queues them.")
+    max_queued_tokens: int | None = Field(
+        None, ge=1, description="Tokens one engine replica queues before refusing more at once with "
+                                "RESOURCE_EXHAUSTED and a retry hint (load shedding by the real work); default "
+                                "4 x max_batch_tokens.")
     max_queued_requests: int | None = Field(
         2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
                                 "error (Ray Serve's max_queued_requests); unset for no bound.")
@@ -193,6 +197,14 @@ class AppArgs(_Settings):
     ingress_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
                                               description="Ingress (CPU) replica count or autoscaling.")
     router: RouterSettings = Field(default_factory=RouterSettings, description="Prefix-affinity routing.")
+    served_model_name: str | None = Field(
+        None, min_length=1, description="The name clients send as `model` (Cohere, OpenAI, Jina) and that /info and "
+                                        "Info report; a request naming a model other than this or `model` gets "
+                                        "404. Unset: `model`.")
+    primary_task: Literal["rerank", "embed", "classify"] | None = Field(
+        None, description="The model's main task, reported as TEI's model_type by /info and tei.v1 Info "
+                          "(tei-client reranks only on a reranker, embeds only on an embedding model); every task "
+                          "stays callable. Unset: from the checkpoint (deployments/model_card.py).")
 
     @model_validator(mode="before")
     @classmethod
@@ -225,6 +237,11 @@ class AppArgs(_Settings):
     def resolved_accelerator(self, cluster_gpus: float) -> Literal["gpu", "cpu"]:
         """gpu or cpu, given `ray.cluster_resources().get("GPU", 0)`; see `resolve_accelerator`."""
         return resolve_accelerator(self.accelerator, cluster_gpus)
+
+    @property
+    def queued_token_bound(self) -> int:
+        """`max_queued_tokens`, or 4 batches' worth."""
+        return self.max_queued_tokens if self.max_queued_tokens is not None else 4 * self.max_batch_tokens
 
     def task_config(self) -> TaskConfig:
         """What the tasks accept, for the ingress (which encodes) and the engine (its library methods)."""

@@ -3,6 +3,7 @@ what is the server's fault (logged here, answered with a short message and no st
 
     INVALID_ARGUMENT    ValueError from validation, in the ingress or re-raised from the engine replica
     RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests), the batcher's QueueFullError
+                        (with `retry_after_s`, sent as the trailing metadata `retry-after-ms`)
     UNAVAILABLE         engine deployment failed, its replica or actor died or is unreachable: retry shortly
     INTERNAL            anything else
 
@@ -31,6 +32,12 @@ def root_cause(err: BaseException) -> BaseException:
     while isinstance(err, RayTaskError) and err.cause is not None:
         err = err.cause
     return err
+
+
+def retry_after_s(err: Exception) -> float | None:
+    """Seconds the client should wait before retrying, when the server knows (a full batch queue's drain time)."""
+    cause = root_cause(err)
+    return cause.retry_after_s if isinstance(cause, QueueFullError) else None
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:

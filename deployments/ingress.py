@@ -20,30 +20,45 @@ to one engine replica, where the batcher puts the sub-jobs of one prefix into on
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from ray import serve
 from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.handle import DeploymentHandle
 
-from deployments import grpc_codec
+from deployments import grpc_codec, tei_grpc
 from deployments.auth import load_api_keys
 from deployments.config import AppArgs
-from deployments.grpc_status import status_of
+from deployments.grpc_status import retry_after_s, status_of
+from deployments.http import build_app
+from deployments.model_card import model_card
 from radix_core.tasks import TASKS, Task, TaskJob, load_task_context, task_of
 from radixserve import __version__
+from radixserve.tei.v1 import tei_pb2 as tei
 from radixserve.v1 import scoring_pb2 as pb
 
 logger = logging.getLogger("ray.serve")
 
 HEALTH_TIMEOUT_S = 5.0  # Check answers NOT_SERVING when no engine replica answers within this
 HEALTH_SERVICES = ("", "radixserve.v1.Scoring")  # the server as a whole, and the one service it offers
+INFO_REPLIES = {pb.InfoRequest: (pb.InfoResponse, grpc_codec.info_to_pb),  # Info's answer by request type
+                tei.InfoRequest: (tei.InfoResponse, tei_grpc.info_to_pb)}
+TEI_STREAM_WINDOW = 64  # messages of one bidirectional tei.v1 stream answered at once (the engine batches them)
+RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a refusal: when the engine expects room again
+
+
+class TeiStreamEnded(Exception):
+    """Ends a bidirectional tei.v1 stream at a message's refusal or error; its status is already on the context."""
 
 
 def prefix_key(job: TaskJob) -> str | None:
@@ -56,8 +71,12 @@ def prefix_key(job: TaskJob) -> str | None:
 
 
 def _task_rpc_method(task: Task) -> Callable:
-    """The gRPC method `task.rpc` (Ray's proxy calls the ingress method named after the rpc)."""
+    """The gRPC method `task.rpc` (Ray's proxy calls the ingress method named after the rpc); a tei.v1 message
+    (`/tei.v1.Rerank/Rerank` reaches the same method) is answered by its TEI call."""
     async def method(self: Ingress, request: Message, grpc_context: RayServegRPCContext) -> Message:
+        call = tei_grpc.CALLS.get(type(request))
+        if call is not None:
+            return await self._tei_rpc(call, request, grpc_context)
         return await self._task_rpc(task, request, grpc_context)
 
     method.__name__ = method.__qualname__ = task.rpc
@@ -72,7 +91,38 @@ def _with_task_rpcs(cls: type) -> type:
     return cls
 
 
+def _tei_rpc_method(rpc: MethodDescriptor) -> Callable:
+    """The method of a tei.v1 rpc, by its shape: unary, client stream (answered once, when it ends) or
+    bidirectional (one reply per message). Ray's proxy passes a stream as a `gRPCInputStream` of messages."""
+    call = tei_grpc.CALLS[message_factory.GetMessageClass(rpc.input_type)]
+    if rpc.client_streaming and rpc.server_streaming:
+        async def method(self: Ingress, requests: AsyncIterator[Message], grpc_context: RayServegRPCContext):
+            async for reply in self._tei_each(call, requests, grpc_context):
+                yield reply
+    elif rpc.client_streaming:
+        async def method(self: Ingress, requests: AsyncIterator[Message], grpc_context: RayServegRPCContext):
+            return await self._tei_rpc(call, await self._gathered(requests), grpc_context)
+    else:
+        async def method(self: Ingress, request: Message, grpc_context: RayServegRPCContext):
+            return await self._tei_rpc(call, request, grpc_context)
+    method.__name__ = method.__qualname__ = rpc.name
+    method.__doc__ = f"{rpc.full_name}: answered by `tei_grpc`."
+    return method
+
+
+def _with_tei_rpcs(cls: type) -> type:
+    """`cls` with a method for each tei.v1 rpc it has none for; those it has (Rerank, Embed, Info) answer tei.v1
+    messages by their type."""
+    for service in tei.DESCRIPTOR.services_by_name.values():
+        for rpc in service.methods:
+            if not hasattr(cls, rpc.name):
+                setattr(cls, rpc.name, _tei_rpc_method(rpc))
+    return cls
+
+
 @serve.deployment
+@serve.ingress()
+@_with_tei_rpcs
 @_with_task_rpcs
 class Ingress:
     """`call(task, request)` with the `Engine` method's keyword arguments as a dict, and the gRPC calls of
@@ -83,6 +133,7 @@ class Ingress:
         self.args = args
         self.api_keys = load_api_keys(args.api_keys_file, args.api_keys_env)
         self.context = load_task_context(args.model, args.task_config())
+        self.card = model_card(args.model, args.served_model_name, args.primary_task, self.context)
         self.submitted_parts = 0  # sub-jobs sent to the engine by this replica
 
     async def call(self, task: str, request: dict[str, Any]) -> Any:
@@ -93,12 +144,21 @@ class Ingress:
         engine = await self.engine.info.remote()
         return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.max_items_per_request,
                 "max_tokens_per_item": self.context.token_limit, "max_request_tokens": self.args.max_request_tokens,
-                "max_request_bytes": self.args.max_request_bytes, "submitted_parts": self.submitted_parts}
+                "max_request_bytes": self.args.max_request_bytes, "submitted_parts": self.submitted_parts,
+                **self.card.info()}
 
-    async def Info(self, request: pb.InfoRequest, grpc_context: RayServegRPCContext) -> pb.InfoResponse:
-        async def answer() -> pb.InfoResponse:
-            return grpc_codec.info_to_pb(await self.info())
-        return await self._rpc(request, grpc_context, pb.InfoResponse, answer)
+    def __serve_build_asgi_app__(self):
+        """The HTTP API on port 8000 (`deployments.http`), built by Ray Serve after the constructor."""
+        return build_app(self)
+
+    async def Info(self, request: Message, grpc_context: RayServegRPCContext) -> Message:
+        """radixserve.v1.Scoring/Info, and tei.v1.Info/Info (the same method name): `info()` in the request's
+        dialect."""
+        response, convert = INFO_REPLIES[type(request)]
+
+        async def answer() -> Message:
+            return convert(await self.info())
+        return await self._rpc(request, grpc_context, response, answer)
 
     async def Check(self, request: health_pb2.HealthCheckRequest,
                     grpc_context: RayServegRPCContext) -> health_pb2.HealthCheckResponse:
@@ -131,7 +191,70 @@ class Ingress:
             return await asyncio.to_thread(grpc_codec.to_pb, task, result)
         return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer)
 
-    async def _rpc(self, request: Message, grpc_context: RayServegRPCContext, response: type[Message],
+    async def _tei_rpc(self, call: tei_grpc.TeiCall | tei_grpc.Refused, request: Message | list[Message],
+                       grpc_context: RayServegRPCContext) -> Message:
+        """One tei.v1 call: a message, or a client stream's messages."""
+        async def answer() -> Message:
+            return await self._tei_answer(call, request)
+        return await self._rpc(request, grpc_context, call.response, answer)
+
+    async def _tei_answer(self, call: tei_grpc.TeiCall | tei_grpc.Refused,
+                          request: Message | list[Message]) -> Message:
+        """The task calls of `call` at once, then TEI's response; a task's error names TEI's fields."""
+        started = time.perf_counter_ns()
+        try:
+            calls = call.arguments(request)
+            task = task_of(call.task)
+            results = await asyncio.gather(*(self._answer(task, arguments) for arguments in calls))
+        except Exception as err:
+            raise tei_grpc.renamed(call, err)
+        return await asyncio.to_thread(call.reply, request, results, time.perf_counter_ns() - started)
+
+    async def _tei_each(self, call: tei_grpc.TeiCall | tei_grpc.Refused, requests: AsyncIterator[Message],
+                        grpc_context: RayServegRPCContext) -> AsyncIterator[Message]:
+        """A bidirectional tei.v1 stream: each message answered as its unary call would be (key, size, status), up
+        to TEI_STREAM_WINDOW at once, replies in message order. The first refusal or error ends the stream with its
+        status (Ray sends the code set on the context when the method raises)."""
+        pending: asyncio.Queue[tuple[RayServegRPCContext, asyncio.Task] | None] = asyncio.Queue(TEI_STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for message in requests:
+                    context = copy.copy(grpc_context)  # each message's own status
+                    await pending.put((context, asyncio.create_task(self._tei_rpc(call, message, context))))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await pending.get()) is not None:
+                context, answer = item
+                reply = await answer
+                if context.code() not in (None, grpc.StatusCode.OK):
+                    grpc_context.set_code(context.code())
+                    grpc_context.set_details(context.details())
+                    raise TeiStreamEnded(context.details())
+                yield reply
+            await reader  # the stream's own error, if reading it failed
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                item = pending.get_nowait()
+                if item is not None:
+                    item[1].cancel()
+
+    async def _gathered(self, requests: AsyncIterator[Message]) -> list[Message]:
+        """A client stream's messages, read until it ends or passes max_items_per_request messages or
+        max_request_bytes bytes (then its call is refused, by the task's item limit or `_refusal`)."""
+        messages, size = [], 0
+        async for message in requests:
+            messages.append(message)
+            size += message.ByteSize()
+            if len(messages) > self.args.max_items_per_request or size > self.args.max_request_bytes:
+                break
+        return messages
+
+    async def _rpc(self, request: Message | list[Message], grpc_context: RayServegRPCContext, response: type[Message],
                    answer: Callable[[], Awaitable[Message]]) -> Message:
         """`answer()` once the key and the size pass; a refusal or an error becomes the status code and message on
         `grpc_context` and an empty `response`."""
@@ -141,6 +264,9 @@ class Ingress:
                 return await answer()
             except Exception as err:  # every error becomes a status; status_of logs the unexpected ones
                 code, details = status_of(err)
+                retry = retry_after_s(err)
+                if retry is not None:
+                    grpc_context.set_trailing_metadata([(RETRY_AFTER_KEY, str(round(retry * 1000)))])
         if code != grpc.StatusCode.INTERNAL:  # the client's to fix: one line, no stack trace
             logger.warning("request %s refused: %s: %s", serve.context._get_serve_request_context().request_id,
                            code.name, details)
@@ -148,13 +274,15 @@ class Ingress:
         grpc_context.set_details(details)
         return response()
 
-    def _refusal(self, request: Message,
+    def _refusal(self, request: Message | list[Message],
                  grpc_context: RayServegRPCContext) -> tuple[grpc.StatusCode | None, str | None]:
-        """UNAUTHENTICATED without a valid key, RESOURCE_EXHAUSTED over max_request_bytes, else (None, None)."""
+        """UNAUTHENTICATED without a valid key, RESOURCE_EXHAUSTED over max_request_bytes (a client stream: its
+        messages together), else (None, None)."""
         unauthenticated = self.api_keys.refusal(grpc_context.invocation_metadata())
         if unauthenticated is not None:
             return grpc.StatusCode.UNAUTHENTICATED, unauthenticated
-        size, limit = request.ByteSize(), self.args.max_request_bytes
+        messages = request if isinstance(request, list) else [request]
+        size, limit = sum(message.ByteSize() for message in messages), self.args.max_request_bytes
         if size > limit:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, (f"request message is {size} bytes, over the limit of {limit} "
                                                         "bytes (max_request_bytes): split it into smaller requests")

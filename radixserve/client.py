@@ -12,7 +12,8 @@ argument order, or by name; an argument left out or None leaves the field unset,
 applies) and returns the response message (`to_dict` makes it plain). A call, retries included, has the deadline
 `timeout_s`; an attempt answered UNAVAILABLE (engine starting, replica restarting) or RESOURCE_EXHAUSTED
 (overload) is retried up to `retries` times after a pause of `backoff_s * 2**attempt` with equal jitter (between
-half and all of it, so clients refused together do not return together), unless the pause would pass the
+half and all of it, so clients refused together do not return together), or the server's hint (`retry-after-ms`
+in the trailing metadata: when the engine's queue should have room) when longer, unless the pause would pass the
 deadline. Any other error raises the `grpc.RpcError` at once: its `code()` and `details()` say what was wrong
 (INVALID_ARGUMENT names the field and the limit). The client sends what it is given; the server validates.
 """
@@ -34,6 +35,7 @@ from radixserve.v1 import scoring_pb2 as pb
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
+RETRY_AFTER_KEY = "retry-after-ms"
 # gRPC clients accept 4 MiB replies by default; 1024 embeddings of 4096 float32 are 16 MiB.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
@@ -76,10 +78,19 @@ class ScoringClient:
             try:
                 return stub(request, timeout=max(deadline - time.monotonic(), 0.001), metadata=self._metadata)
             except grpc.RpcError as err:
-                pause = self.backoff_s * 2 ** attempt * random.uniform(0.5, 1.0)
+                pause = max(self.backoff_s * 2 ** attempt * random.uniform(0.5, 1.0), retry_after_s(err))
                 if err.code() not in RETRYABLE or attempt >= self.retries or time.monotonic() + pause >= deadline:
                     raise
             time.sleep(pause)
+
+
+def retry_after_s(err: grpc.RpcError) -> float:
+    """The server's retry hint (trailing metadata `retry-after-ms`, sent with RESOURCE_EXHAUSTED), else 0."""
+    metadata = dict(err.trailing_metadata() or ())
+    try:
+        return float(metadata.get(RETRY_AFTER_KEY, 0)) / 1000
+    except ValueError:
+        return 0.0
 
 
 def request_message(method: MethodDescriptor, args: tuple, kwargs: dict[str, Any]) -> Message:

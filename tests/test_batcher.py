@@ -2,6 +2,7 @@
 the queue bound, and the prepare/run pipeline (checked with events, not timings)."""
 
 import asyncio
+import pickle
 
 import pytest
 
@@ -174,8 +175,11 @@ def test_queue_bound_raises_a_clear_error():
         tasks += [asyncio.create_task(batcher.submit(f"q{i}", 1)) for i in range(2)]
         await asyncio.sleep(0)
         assert batcher.queued_items == 2
-        with pytest.raises(QueueFullError, match="2 requests waiting .max_queued_items=2"):
+        with pytest.raises(QueueFullError, match="2 requests waiting .max_queued_items=2") as refused:
             await batcher.submit("one-too-many", 1)
+        assert refused.value.retry_after_s == 1.0  # no batch has run yet: no rate to estimate from
+        again = pickle.loads(pickle.dumps(refused.value))  # it crosses Ray processes
+        assert (str(again), again.retry_after_s) == (str(refused.value), 1.0)
         release.set()
         assert await asyncio.gather(*tasks) == ["r0", "r1", "q0", "q1"]
         await batcher.close()
@@ -219,3 +223,27 @@ def test_bad_arguments():
         TokenBudgetBatcher(Recorder(), max_batch_tokens=0, wait_timeout_s=0.01)
     with pytest.raises(ValueError, match="num_tokens must be >= 1"):
         run(TokenBudgetBatcher(Recorder(), max_batch_tokens=8, wait_timeout_s=0.01).submit("x", 0))
+
+
+def test_the_retry_hint_is_the_queue_drain_time_at_the_recent_rate():
+    async def main():
+        async def run_batch(items):
+            await asyncio.sleep(0.05)
+            return items
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queued_tokens=150)
+        assert await batcher.submit("warm", 100) == "warm"  # 100 tokens in about 0.05 s of forward
+        rate = batcher.stats.tokens_per_second()
+        held = []
+        for i in range(3):  # one runs, one waits for the device, one is queued
+            held.append(asyncio.create_task(batcher.submit(f"r{i}", 100)))
+            await asyncio.sleep(0.005)
+        assert batcher.queued_tokens == 100
+        with pytest.raises(QueueFullError) as refused:
+            await batcher.submit("over", 100)
+        assert refused.value.retry_after_s == pytest.approx(batcher.queued_tokens / rate)
+        assert f"retry in about {refused.value.retry_after_s:.1f} s" in str(refused.value)
+        await asyncio.gather(*held)
+        await batcher.close()
+
+    run(main())

@@ -55,7 +55,9 @@ class Deployment:
                      "max_items_per_request": MAX_ITEMS, "max_request_bytes": MAX_REQUEST_BYTES}
         self.configs = {"open": {},
                         "keyed": {"api_keys_file": str(keys_file), "max_ongoing_requests": 1,
-                                  "max_queued_requests": 1, "batch_wait_timeout_s": 1.0}}
+                                  "max_queued_requests": 1, "batch_wait_timeout_s": 1.0},
+                        "shedding": {"max_queued_tokens": 400, "max_batch_tokens": 300, "max_request_tokens": 300,
+                                     "batch_wait_timeout_s": 0.5}}
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
@@ -284,3 +286,26 @@ def test_back_pressure_is_resource_exhausted(keyed_app):
     assert grpc.StatusCode.OK in codes and refused, codes
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
     assert all("max_queued_requests=1" in details and "retry with backoff" in details for details in refused)
+
+
+@pytest.fixture
+def shedding_app(deployment) -> Deployment:
+    return deployment.use("shedding")
+
+
+@pytest.mark.timeout(120)
+def test_a_full_token_queue_refuses_at_once_with_a_retry_hint(shedding_app):
+    """Queued tokens bounded at 400: of 12 concurrent requests of about 150 tokens most are refused, fast, with
+    `retry-after-ms`; the rest are answered; the server keeps serving."""
+    requests = [pb.RerankRequest(query=f"{QUERY} {i}", documents=DOCS[:2]) for i in range(12)]
+    started = time.monotonic()
+    calls = [shedding_app.stub.Rerank.future(request, timeout=60) for request in requests]
+    codes = [call.code() for call in calls]
+    refused = [call for call in calls if call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert grpc.StatusCode.OK in codes and refused, codes
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    for call in refused:
+        assert "max_queued_tokens=400" in call.details() and "retry in about" in call.details()
+        assert float(dict(call.trailing_metadata())["retry-after-ms"]) > 0
+    assert time.monotonic() - started < 30
+    assert len(shedding_app.stub.Rerank(requests[0], timeout=60).results) == 2

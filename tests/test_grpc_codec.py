@@ -98,7 +98,7 @@ def remote(cause: Exception) -> Exception:
     (ValueError("documents is empty: give at least one"), "INVALID_ARGUMENT", "documents is empty: give at least one"),
     (remote(ValueError("query is empty")), "INVALID_ARGUMENT", "query is empty"),
     (BackPressureError(num_queued_requests=3, max_queued_requests=2), "RESOURCE_EXHAUSTED", "max_queued_requests=2"),
-    (remote(QueueFullError("batch queue full: 9 requests waiting")), "RESOURCE_EXHAUSTED", "batch queue full"),
+    (remote(QueueFullError("batch queue full: 9 requests waiting", 2.5)), "RESOURCE_EXHAUSTED", "batch queue full"),
     (DeploymentUnavailableError(DeploymentID("EngineReplica", "radixserve")), "UNAVAILABLE", "retry shortly"),
     (ActorDiedError(), "UNAVAILABLE", "ActorDiedError"),
     (RuntimeError("boom"), "INTERNAL", "internal error (RuntimeError)"),
@@ -144,9 +144,11 @@ class ScriptedServer:
     """A real gRPC server on a loopback port whose Info answers the queued status codes first, then an
     InfoResponse; counts the attempts."""
 
-    def __init__(self, *codes: grpc.StatusCode):
+    def __init__(self, *codes: grpc.StatusCode, trailing: tuple = ()):
         self.codes = list(codes)
+        self.trailing = trailing
         self.attempts = 0
+        self.times: list[float] = []
         handler = grpc.method_handlers_generic_handler("radixserve.v1.Scoring", {
             "Info": grpc.unary_unary_rpc_method_handler(self._info, pb.InfoRequest.FromString,
                                                         pb.InfoResponse.SerializeToString)})
@@ -156,7 +158,9 @@ class ScriptedServer:
 
     def _info(self, request, context):
         self.attempts += 1
+        self.times.append(time.monotonic())
         if self.codes:
+            context.set_trailing_metadata(self.trailing)
             context.abort(self.codes.pop(0), "scripted")
         return pb.InfoResponse(model="m", limits=pb.Limits(max_request_bytes=5))
 
@@ -187,6 +191,13 @@ def test_client_methods_take_fields_positionally_and_by_name():
         ScoringClient("127.0.0.1:1").rerank("q", query="q")
     with pytest.raises(ValueError, match="unknown rpc 'Summarize'"):
         ScoringClient("127.0.0.1:1").call("Summarize")
+
+
+def test_client_waits_at_least_the_servers_retry_hint():
+    with ScriptedServer(grpc.StatusCode.RESOURCE_EXHAUSTED, trailing=(("retry-after-ms", "300"),)) as server:
+        with ScoringClient(server.address, retries=2, backoff_s=0.001, timeout_s=10) as client:
+            assert to_dict(client.info())["model"] == "m"
+        assert server.attempts == 2 and server.times[1] - server.times[0] >= 0.3
 
 
 def test_client_retries_stop_at_the_deadline():
