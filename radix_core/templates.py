@@ -255,6 +255,9 @@ def classify_parts(prefix: str, template: str | Callable[[str], str] | None, inp
     if template is None or callable(template):
         render = template or (lambda text: text)
         return PromptParts(user_text(prefix), [render(text) for text in inputs], ())
-    _check_field_once("classify template", template, "input")
-    head, tail = _split_at(template, "input")
+    try:
+        _check_field_once("classify template", template, "input")
+        head, tail = _split_at(template, "input")
+    except ValueError as err:  # also Python's own format-string errors ("Single '}' encountered")
+        raise ValueError(f"template is not a format string holding {{input}} once: {err}") from err
     return PromptParts(user_text(prefix) + head, list(inputs), tail)

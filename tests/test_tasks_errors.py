@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from radix_core.engine import Engine
@@ -114,6 +115,8 @@ def test_classify_template_shares_its_head():
     (lambda e: e.classify(["x"], [" a", ""]), r"labels\[1\] is empty"),
     (lambda e: e.classify(["x"] * 5, [" a"]), "5 inputs is more than the limit of 4"),
     (lambda e: e.classify(["x"], [" a"], template="no field"), r"must contain \{input\} exactly once"),
+    (lambda e: e.classify(["x"], [" a"], template="Review: {input"), "template is not a format string holding"),
+    (lambda e: e.classify(["x"], [" a"], template="{input} {x}"), r"template is not a format string .*unknown field"),
     (lambda e: e.classify(["x", ""], ["a"]), "input 1 with label 0 starts the sequence"),
     (lambda e: e.score("", [" a"]), "context is empty"),
     (lambda e: e.score("c", []), "continuations is empty"),
@@ -122,6 +125,15 @@ def test_classify_template_shares_its_head():
 def test_bad_input(engine, call, message):
     with pytest.raises(ValueError, match=message):
         call(engine(max_items=4))
+
+
+def test_an_input_gets_the_same_answer_alone_or_in_a_list(engine):
+    e = engine(max_items=4)
+    alone = e.embed([""]).embeddings  # the end-of-text token alone: a valid sequence either way
+    np.testing.assert_allclose(e.embed(["", "a"]).embeddings[:1], alone, atol=1e-6)
+    for inputs in ([""], ["x", ""]):
+        with pytest.raises(ValueError, match=rf"input {len(inputs) - 1} with label 0 starts the sequence"):
+            e.classify(inputs, ["a"])
 
 
 def test_token_limit_truncates_documents_or_names_the_item(engine):
