@@ -3,6 +3,8 @@ split requests, and an IndexBuilder actor killed mid-run."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -118,3 +120,35 @@ def index_builders() -> dict[str, ray.actor.ActorHandle]:
             except ValueError:  # killed, not yet forgotten
                 continue
     return builders
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(240)
+def test_small_requests_keep_their_latency_while_huge_documents_arrive(app):
+    """Two 15 MB documents cost about what maximum-length ones do (cut by characters, then truncated), off the
+    ingress's event loop: small requests sent meanwhile stay within 3 s or 10x their unloaded latency."""
+    small = {"query": QUERY, "documents": DOCS[:2]}
+
+    def timed() -> float:
+        began = time.perf_counter()
+        call(app, "rerank", small)
+        return time.perf_counter() - began
+
+    unloaded = float(np.median([timed() for _ in range(5)]))
+    huge = "tries share prefixes and radix trees compress them " * 300_000  # 15.6 MB
+    pending = [app.call.remote("rerank", {"query": f"{QUERY} {i}", "documents": [huge]}) for i in range(2)]
+    latencies, deadline = [], time.monotonic() + 120
+    while not all(_done(p) for p in pending) and len(latencies) < 40 and time.monotonic() < deadline:
+        latencies.append(timed())
+    bound = max(3.0, 10 * unloaded)
+    assert latencies and max(latencies) < bound, (unloaded, latencies)
+    for response in pending:
+        assert len(response.result(timeout_s=120).results) == 1  # truncated to the limit, not refused
+
+
+def _done(response) -> bool:
+    try:
+        response.result(timeout_s=0)
+    except TimeoutError:
+        return False
+    return True
