@@ -1,0 +1,153 @@
+"""Cohere's rerank API, v1 and v2, and Jina's, which shares the v1 path.
+
+    POST /v1/rerank   Cohere v1 and Jina: documents as strings or {"text": ...}; return_documents
+    POST /v2/rerank   Cohere v2: documents as strings; max_tokens_per_doc
+
+Both answer `{id, results: [{index, relevance_score, document?: {text}}], meta}`, best first; v1 adds Jina's
+`model` and `usage: {total_tokens, prompt_tokens}`. `meta.tokens` and `usage` also carry `computed_tokens`, the
+tokens left after shared prefixes were computed once. Errors are Cohere's `{"message": ...}`, which its SDK raises
+as `BadRequestError`/`UnprocessableEntityError`, `UnauthorizedError`, `NotFoundError`, ... with the message.
+
+`search_units` counts one unit per 100 documents, as Cohere bills. `max_tokens_per_doc` cannot cut below the
+server's per-item limit (`/info` `max_input_length`): the prompt template takes part of that limit, so a smaller
+value is refused rather than approximated.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from deployments.http.dialect import Dialect
+from deployments.http.errors import VALIDATION, ApiError, ErrorKind
+from deployments.http.service import Service
+from radix_core.tasks import RerankResult
+
+DOCUMENTS_PER_SEARCH_UNIT = 100
+
+
+class Document(BaseModel):
+    text: str = Field(description="The document's text.")
+
+
+class RerankV1Request(BaseModel):
+    model: str | None = Field(None, description="The served model's name (/info model_id); omitted: the served one.")
+    query: str = Field(description="The query every document is scored against.")
+    documents: list[str | Document] = Field(description="Documents as strings or {\"text\": ...} objects.")
+    top_n: int | None = Field(None, description="Return only the best top_n documents (at least 1).")
+    return_documents: bool = Field(False, description="Echo each document in the results.")
+
+
+class RerankV2Request(BaseModel):
+    model: str | None = Field(None, description="The served model's name (/info model_id); omitted: the served one.")
+    query: str = Field(description="The query every document is scored against.")
+    documents: list[str] = Field(description="The documents to score.")
+    top_n: int | None = Field(None, description="Return only the best top_n documents (at least 1).")
+    max_tokens_per_doc: int | None = Field(
+        None, description="Documents are cut to the server's per-item token limit; a smaller value is refused.")
+
+
+class ResultDocument(BaseModel):
+    text: str
+
+
+class RerankResultItem(BaseModel):
+    index: int
+    relevance_score: float
+    document: ResultDocument | None = None
+
+
+class Tokens(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    computed_tokens: int
+
+
+class BilledUnits(BaseModel):
+    search_units: int
+
+
+class ApiVersion(BaseModel):
+    version: str
+
+
+class Meta(BaseModel):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: Tokens
+
+
+class RerankV2Response(BaseModel):
+    id: str
+    results: list[RerankResultItem]
+    meta: Meta
+
+
+class JinaUsage(BaseModel):
+    total_tokens: int
+    prompt_tokens: int
+    computed_tokens: int
+
+
+class RerankV1Response(RerankV2Response):
+    model: str
+    usage: JinaUsage
+
+
+class CohereDialect(Dialect):
+    name = "cohere"
+
+    def router(self, service: Service) -> APIRouter:
+        router = APIRouter(tags=["Cohere / Jina"], dependencies=[Depends(service.authorize)])
+
+        @router.post("/v1/rerank", responses={200: {"model": RerankV1Response}},
+                     summary="Cohere v1 rerank (also Jina's rerank API)")
+        async def rerank_v1(body: RerankV1Request):
+            service.check_model(body.model)
+            documents = [d if isinstance(d, str) else d.text for d in body.documents]
+            result = await service.run("rerank", {"query": body.query, "documents": documents, "top_n": body.top_n,
+                                                  "return_documents": body.return_documents})
+            return await service.respond(self._v1, result, len(documents), service.card.served_model_name,
+                                         usage=result.usage)
+
+        @router.post("/v2/rerank", responses={200: {"model": RerankV2Response}}, summary="Cohere v2 rerank")
+        async def rerank_v2(body: RerankV2Request):
+            service.check_model(body.model)
+            _check_max_tokens_per_doc(body.max_tokens_per_doc, service.scorer.context.token_limit)
+            result = await service.run("rerank", {"query": body.query, "documents": body.documents,
+                                                  "top_n": body.top_n})
+            return await service.respond(self._v2, result, len(body.documents), usage=result.usage)
+
+        return router
+
+    def error_body(self, kind: ErrorKind, message: str) -> dict[str, Any]:
+        return {"message": message}
+
+    @staticmethod
+    def _v2(result: RerankResult, num_documents: int, version: str = "2") -> dict[str, Any]:
+        usage = result.usage
+        results = [{"index": hit.index, "relevance_score": hit.score,
+                    **({"document": {"text": hit.document}} if hit.document is not None else {})}
+                   for hit in result.results]
+        meta = {"api_version": {"version": version},
+                "billed_units": {"search_units": -(-num_documents // DOCUMENTS_PER_SEARCH_UNIT)},
+                "tokens": {"input_tokens": usage.input_tokens, "output_tokens": 0,
+                           "computed_tokens": usage.computed_tokens}}
+        return {"id": str(uuid.uuid4()), "results": results, "meta": meta}
+
+    @classmethod
+    def _v1(cls, result: RerankResult, num_documents: int, model: str) -> dict[str, Any]:
+        usage = result.usage
+        return {**cls._v2(result, num_documents, version="1"), "model": model,
+                "usage": {"total_tokens": usage.input_tokens, "prompt_tokens": usage.input_tokens,
+                          "computed_tokens": usage.computed_tokens}}
+
+
+def _check_max_tokens_per_doc(value: int | None, token_limit: int) -> None:
+    if value is not None and value < token_limit:
+        raise ApiError(VALIDATION, f"max_tokens_per_doc is {value}; this server cuts documents only at its "
+                                   f"per-item limit of {token_limit} tokens (template included): send at least "
+                                   f"{token_limit}, or leave it out")

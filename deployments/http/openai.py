@@ -1,0 +1,93 @@
+"""OpenAI's embeddings API: `POST /v1/embeddings`.
+
+`input` is a string or a list of strings (token-id lists are refused: the server renders the model's prompt and
+tokenizes text itself, so the ids would not be the sequence the model sees). `dimensions` keeps the first d
+components, renormalised (Matryoshka, as the library's `embed(dimensions=...)`). `encoding_format: "base64"` (what
+the `openai` SDK asks for unless told otherwise) is each vector's little-endian float32 bytes in base64, which the
+SDK decodes; `"float"` is a JSON list. `usage.computed_tokens` adds the tokens left after shared prefixes were
+computed once. Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK raises as
+`BadRequestError`/`UnprocessableEntityError`, `AuthenticationError`, `NotFoundError`, `RateLimitError`, ...
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from deployments.http.dialect import Dialect
+from deployments.http.errors import VALIDATION, ApiError, ErrorKind
+from deployments.http.service import Service
+from radix_core.tasks import EmbedResult
+
+
+class EmbeddingsRequest(BaseModel):
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="A text or a list of texts (token-id lists are refused: send text).")
+    model: str | None = Field(None, description="The served model's name (/info model_id); omitted: the served one.")
+    dimensions: int | None = Field(None, description="Keep the first d components (1 to the hidden size).")
+    encoding_format: Literal["float", "base64"] = Field("float", description="JSON floats or base64 float32 bytes.")
+    user: str | None = Field(None, description="Accepted for compatibility; not used.")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    computed_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class OpenAIDialect(Dialect):
+    name = "openai"
+
+    def router(self, service: Service) -> APIRouter:
+        router = APIRouter(tags=["OpenAI"], dependencies=[Depends(service.authorize)])
+
+        @router.post("/v1/embeddings", responses={200: {"model": EmbeddingsResponse}}, summary="OpenAI embeddings")
+        async def embeddings(body: EmbeddingsRequest):
+            service.check_model(body.model)
+            texts = _texts(body.input)
+            result = await service.run("embed", {"texts": texts, "dimensions": body.dimensions},
+                                       renames={"texts": "input"})
+            return await service.respond(_response, result, body.encoding_format, service.card.served_model_name,
+                                         usage=result.usage)
+
+        return router
+
+    def error_body(self, kind: ErrorKind, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": kind.name, "param": None, "code": kind.status}}
+
+
+def _texts(value: str | list[str] | list[int] | list[list[int]]) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if any(not isinstance(text, str) for text in texts):
+        raise ApiError(VALIDATION, "input holds token ids; this server tokenizes text itself (with the model's "
+                                   "prompt template): send the texts as strings")
+    return texts
+
+
+def _response(result: EmbedResult, encoding_format: str, model: str) -> dict[str, Any]:
+    vectors = result.embeddings  # (n, d) float32
+    if encoding_format == "base64":
+        rows = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in vectors]
+    else:
+        rows = vectors.tolist()
+    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    usage = result.usage
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": usage.input_tokens, "total_tokens": usage.input_tokens,
+                      "computed_tokens": usage.computed_tokens}}

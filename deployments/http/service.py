@@ -1,0 +1,83 @@
+"""`Service`: what every HTTP route shares, over the one `Ingress` replica it runs in: the API key, the model
+name, the call into the ingress (the same validation, tokenizing, prefix key, router and batcher as gRPC), and the
+response rendered in a worker thread with the call's token usage in headers.
+
+Routes convert their dialect's request into the task's keyword arguments and the task's result back; they do no
+work of their own on the event loop beyond that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from deployments.auth import ApiKeys
+from deployments.config import AppArgs
+from deployments.http.errors import NOT_FOUND, UNAUTHORIZED, ApiError, api_error
+from deployments.model_card import ModelCard
+from radix_core.tasks import TaskContext, Usage
+
+COMPUTED_TOKENS_HEADER = "x-radixserve-computed-tokens"  # tokens computed after shared prefixes were deduplicated
+INPUT_TOKENS_HEADER = "x-radixserve-input-tokens"  # tokens of the call's sequences as sent to the model
+
+
+class Scorer(Protocol):
+    """The parts of `deployments.ingress.Ingress` the routes use."""
+
+    args: AppArgs
+    api_keys: ApiKeys
+    context: TaskContext
+    card: ModelCard
+
+    async def call(self, task: str, request: dict[str, Any]) -> Any: ...
+
+    async def info(self) -> dict[str, Any]: ...
+
+
+class Service:
+    def __init__(self, scorer: Scorer):
+        self.scorer = scorer
+
+    @property
+    def card(self) -> ModelCard:
+        return self.scorer.card
+
+    def authorize(self, request: Request) -> None:
+        """FastAPI dependency: 401 without a valid `Authorization: Bearer <key>` when the server has API keys."""
+        refusal = self.scorer.api_keys.refusal(request.headers.items())
+        if refusal is not None:
+            raise ApiError(UNAUTHORIZED, refusal.replace("the metadata", "the header"))
+
+    def check_model(self, name: str | None) -> None:
+        """404 unless `name` is None or names the served model."""
+        if not self.card.accepts(name):
+            raise ApiError(NOT_FOUND, f"model {name!r} is not served here: this server serves "
+                                      f"{self.card.served_model_name!r}; send that as model, or leave model out")
+
+    async def run(self, task: str, request: dict[str, Any], renames: Mapping[str, str] = {}) -> Any:
+        """The task's result; any error as an ApiError. `renames` maps the task's argument names to the dialect's
+        field names, so a validation message names the field the client sent."""
+        try:
+            return await self.scorer.call(task, request)
+        except Exception as err:  # every error becomes an ApiError; status_of logs the unexpected ones
+            error = api_error(err)
+            raise ApiError(error.kind, _renamed(error.detail, renames)) from None
+
+    async def respond(self, render: Callable[..., Any], *args: Any, usage: Usage | None = None) -> JSONResponse:
+        """`render(*args)` as a JSON response, rendered and encoded in a worker thread; the usage in headers."""
+        response = await asyncio.to_thread(lambda: JSONResponse(render(*args)))
+        if usage is not None:
+            response.headers[COMPUTED_TOKENS_HEADER] = str(usage.computed_tokens)
+            response.headers[INPUT_TOKENS_HEADER] = str(usage.input_tokens)
+        return response
+
+
+def _renamed(message: str, renames: Mapping[str, str]) -> str:
+    for name, field in renames.items():
+        message = re.sub(rf"\b{re.escape(name)}\b", field, message)
+    return message
