@@ -257,6 +257,8 @@ def test_tei_errors_and_limits(served):
                               "error_type": "validation"}
     too_many = post(served.url, "/embed", {"inputs": ["x"] * (MAX_ITEMS + 1)})
     assert too_many.status_code == 422 and "limit of 8" in too_many.json()["error"]
+    empty = post(served.url, "/tokenize", {"inputs": []})
+    assert empty.status_code == 422 and empty.json()["error"] == "inputs is empty: give at least one"
     assert post(served.url, "/embed", {"inputs": TEXTS}, key=None).status_code == 401
     large = post(served.url, "/embed", {"inputs": ["x" * MAX_REQUEST_BYTES]})
     assert large.status_code == 413

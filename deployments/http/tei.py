@@ -33,6 +33,7 @@ from deployments.http.errors import UNHEALTHY, VALIDATION, ApiError, ErrorKind
 from deployments.http.service import Service
 from deployments.model_card import ModelCard
 from radix_core.tasks import RerankResult, Usage
+from radix_core.tasks.base import check_items
 
 HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers within this
 MODEL_TYPES = {"rerank": "reranker", "embed": "embedding", "classify": "classifier"}
@@ -146,10 +147,10 @@ class TeiDialect(Dialect):
         async def tokenize(body: TokenizeRequest):
             _check_unsupported("Right", body.prompt_name)
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-            limit = service.scorer.args.max_items_per_request
-            if len(texts) > limit:
-                raise ApiError(VALIDATION, f"{len(texts)} inputs is more than the limit of {limit} per call: "
-                                           "split the request")
+            try:
+                check_items("inputs", texts, service.scorer.context.config.max_items)
+            except ValueError as err:
+                raise ApiError(VALIDATION, str(err)) from None
             tokenizer = service.scorer.context.prompt_tokenizer().tokenizer
             return await service.respond(_tokens, tokenizer, texts, body.add_special_tokens)
 
