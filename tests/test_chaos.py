@@ -1,0 +1,148 @@
+"""Killed actors and a lost node under load, through the real gRPC proxy: nothing hangs, every request ends OK or
+with an explicit status code (sent = OK + refused), in-flight requests on a killed engine replica fail fast with
+UNAVAILABLE, and the client's retries land on a live replica."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+import ray
+import yaml
+from ray import serve
+from ray.cluster_utils import Cluster
+
+from deployments.app import build
+from radixserve.client import ScoringClient
+
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
+DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(4)]
+EXPLICIT = {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Load:
+    """`clients` threads, each sending `per_client` rerank requests one after another through its own client;
+    records each request's final status and when it ended."""
+
+    def __init__(self, address: str, clients: int = 4, per_client: int = 6, retries: int = 0, timeout_s: float = 60):
+        self.outcomes: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(address, i, per_client, retries, timeout_s))
+                         for i in range(clients)]
+        self.sent = clients * per_client
+
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def join(self, timeout_s: float) -> Counter:
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in self._threads), "a request hung past the test's deadline"
+        return Counter(code for code, _ in self.outcomes)
+
+    def _client(self, address: str, client: int, per_client: int, retries: int, timeout_s: float) -> None:
+        with ScoringClient(address, timeout_s=timeout_s, retries=retries, backoff_s=0.5) as scoring:
+            for i in range(per_client):
+                try:
+                    scoring.rerank(f"query {client} {i}", DOCS)
+                    code = "OK"
+                except grpc.RpcError as err:
+                    code = err.code().name
+                with self._lock:
+                    self.outcomes.append((code, time.monotonic()))
+
+
+def deploy(model_dir: str, port: int, **args) -> str:
+    serve.start(grpc_options={"port": port, "grpc_servicer_functions": SERVICERS},
+                http_options={"host": "127.0.0.1", "port": free_port()}, proxy_location="HeadOnly")
+    serve.run(build({"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.25, "batch_wait_timeout_s": 0.05,
+                     **args}), name="radixserve", route_prefix="/")
+    address = f"127.0.0.1:{port}"
+    with ScoringClient(address, timeout_s=60, retries=10, backoff_s=0.5) as client:
+        client.rerank("warm up", DOCS)  # until the proxy routes to the application
+    return address
+
+
+def replica_actors(deployment: str) -> list:
+    named = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
+    return [ray.get_actor(a["name"], namespace=a["namespace"]) for a in named]
+
+
+@pytest.fixture
+def local_app(tiny_model_dir, start_local_ray):
+    start_local_ray()
+    try:
+        yield lambda **args: deploy(str(tiny_model_dir("qwen3", "causal_lm")), free_port(), **args)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_engine_replica_fails_in_flight_requests_fast_and_retries_succeed(local_app):
+    address = local_app(engine_replicas=2)
+    raw = Load(address, retries=0).start()  # no retries: what in-flight requests see
+    retried = Load(address, retries=6).start()
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    ray.kill(replica_actors("EngineReplica")[0], no_restart=False)
+    raw_codes, retried_codes = raw.join(180), retried.join(180)
+    assert sum(raw_codes.values()) == raw.sent and set(raw_codes) <= EXPLICIT, raw_codes
+    failed_after = [at - killed_at for code, at in raw.outcomes if code == "UNAVAILABLE"]
+    assert all(delay < 3.0 for delay in failed_after), failed_after  # not left waiting for a dead actor
+    assert retried_codes == Counter({"OK": retried.sent}), retried_codes
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_ingress_replica_loses_nothing_silently(local_app):
+    address = local_app()
+    load = Load(address, retries=6).start()
+    time.sleep(1.0)
+    ray.kill(replica_actors("Ingress")[0], no_restart=False)
+    codes = load.join(180)
+    assert sum(codes.values()) == load.sent and set(codes) <= EXPLICIT, codes
+    assert codes["OK"] >= load.sent // 2, codes
+    with ScoringClient(address, timeout_s=60, retries=10, backoff_s=0.5) as client:
+        assert len(client.rerank("after the kill", DOCS).results) == len(DOCS)
+
+
+@pytest.mark.timeout(400)
+def test_a_lost_worker_node_leaves_no_request_unanswered(tiny_model_dir):
+    """A head node (the proxy, the ingress) and a worker node holding the engine replicas; the worker is removed
+    under load and the engine comes back on the head."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    worker = cluster.add_node(num_cpus=2, resources={"worker": 1})
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        address = deploy(str(tiny_model_dir("qwen3", "causal_lm")), free_port(), engine_replicas=2,
+                         engine_cpus=1.0)
+        load = Load(address, retries=8).start()
+        time.sleep(1.0)
+        cluster.remove_node(worker, allow_graceful=False)
+        codes = load.join(300)
+        assert sum(codes.values()) == load.sent and set(codes) <= EXPLICIT, codes
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
