@@ -84,7 +84,7 @@ class Engine:
     def context(self) -> TaskContext:
         """What the CPU half of the text tasks reads (`Task.encode`), picklable, no weights."""
         return TaskContext(self.model, self.arch.family, self.arch.head, self.arch.hidden_size, self.arch.max_seq_len,
-                           self.prompts, self.task_config)
+                           self.arch.config.num_labels, self.prompts, self.task_config)
 
     @property
     def limits(self) -> BatchLimits:

@@ -142,3 +142,12 @@ def test_bad_requests_say_what_is_wrong(engine):
     job = encode(e, "embed", {"texts": ["a", "b"]})
     with pytest.raises(ValueError, match=r"the prepared batch \(1 sequences, 3 tokens\) is not these jobs'"):
         e.run_jobs([job], e.prepare([[1, 2, 3]]))
+
+
+def test_rerank_with_a_multi_label_score_head_is_refused_before_any_batch(tiny_model_dir):
+    from dataclasses import replace
+
+    e = Engine.from_pretrained(str(tiny_model_dir("qwen3", "seq_cls")), device="cpu")
+    assert len(TASKS["rerank"].encode(e.context, {"query": "q", "documents": ["d"]}).sequences) == 1
+    with pytest.raises(ValueError, match="has a 3-label score head; reranking needs a single relevance logit"):
+        TASKS["rerank"].encode(replace(e.context, num_labels=3), {"query": "q", "documents": ["d"]})

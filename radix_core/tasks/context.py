@@ -20,6 +20,7 @@ class TaskContext:
     head: str  # "causal_lm", "seq_cls" or "base"
     hidden_size: int
     max_seq_len: int
+    num_labels: int  # outputs of a seq-cls head (config.num_labels)
     prompts: PromptTokenizer | None  # None for a model without a tokenizer: no text tasks
     config: TaskConfig
 
@@ -43,4 +44,4 @@ def load_task_context(model: str, config: TaskConfig) -> TaskContext:
     """The `TaskContext` of `model` from its config and tokenizer alone: no weights are read."""
     hf_config = load_config(model)
     return TaskContext(model, hf_config.model_type, head_of(hf_config), hf_config.hidden_size, max_seq_len(hf_config),
-                       load_prompt_tokenizer(model), config)
+                       hf_config.num_labels, load_prompt_tokenizer(model), config)

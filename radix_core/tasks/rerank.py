@@ -57,7 +57,6 @@ class RerankJob(TaskJob):
     (None) by the one-label score head. `top_n` and `documents` apply when the parts are merged."""
 
     task = "rerank"
-    model: str
     answer_ids: tuple[int, int] | None  # (no, yes) token ids
     raw_scores: bool
     top_n: int | None
@@ -82,22 +81,22 @@ class RerankTask(Task):
         if context.head not in ("causal_lm", "seq_cls"):
             raise ValueError(f"model {context.model!r} has no LM or score head, so it cannot rerank: use a "
                              f"causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
+        if context.head == "seq_cls" and context.num_labels != 1:
+            raise ValueError(f"model {context.model!r} has a {context.num_labels}-label score head; reranking needs a "
+                             f"single relevance logit (num_labels=1)")
         template = context.template("rerank")
         answer_ids = _answer_ids(context, template)
         batch = encode_rerank(context, template, query, documents, instruction, truncate)
-        return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.model,
-                         answer_ids, raw_scores, top_n, tuple(documents) if return_documents else None)
+        return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids, raw_scores,
+                         top_n, tuple(documents) if return_documents else None)
 
     def head_query(self, job: RerankJob) -> HeadQuery:
         n = len(job.sequences)
         return HeadQuery(np.arange(n), np.full(n, -1), columns=job.answer_ids)
 
     def finish(self, job: RerankJob, view: BatchView) -> RerankScores:
-        last = torch.from_numpy(view.head)  # (n, 2) no/yes logits, or (n, num_labels) of the score head
+        last = torch.from_numpy(view.head)  # (n, 2) no/yes logits, or (n, 1) of the score head
         if job.answer_ids is None:
-            if last.shape[1] != 1:
-                raise ValueError(f"model {job.model!r} has a {last.shape[1]}-label score head; reranking needs a "
-                                 f"single relevance logit (num_labels=1)")
             scores = last[:, 0] if job.raw_scores else last[:, 0].sigmoid()
         else:
             scores = last[:, 1] - last[:, 0] if job.raw_scores else last.softmax(-1)[:, 1]
