@@ -1,0 +1,293 @@
+"""TEI's gRPC API (tei.v1) end to end on a local Ray: Ray Serve's gRPC proxy with serve_config.yaml's servicers, the
+application built from a tiny model. The real `tei-client` GrpcClient (in a subprocess: its stubs and ours both
+define tei.v1 in protobuf's default pool) reranks, embeds and reads Info, and gets the library's answers; plain
+grpcio calls cover the streams, Predict, the dispatch by message type and the status codes. Three configurations are
+deployed in turn (the tiny causal LM's default primary task rerank, primary_task embed, keyed); each test asks for
+the one it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import ray
+import yaml
+from ray import serve
+
+import radixserve
+from deployments.app import build
+from radix_core import Engine
+from radixserve.tei.v1 import tei_pb2 as tei
+from radixserve.tei.v1 import tei_pb2_grpc
+from radixserve.v1 import scoring_pb2 as pb
+from radixserve.v1.scoring_pb2_grpc import ScoringStub
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
+DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(6)]
+QUERY = "what is a radix tree"
+MAX_ITEMS = 8
+MAX_REQUEST_BYTES = 65536
+KEY = "tei-key"
+pytestmark = pytest.mark.serve
+
+# Runs tei-client's GrpcClient: argv[1] the address, argv[2] a JSON list of [method, kwargs]; prints one JSON
+# answer per call, or {"error": ...} with the exception's type and message.
+TEI_CLIENT = """
+import json, sys
+from tei_client import GrpcClient
+
+client = GrpcClient(sys.argv[1])
+answers = []
+for method, kwargs in json.loads(sys.argv[2]):
+    try:
+        if method == "info":
+            answers.append(client.info().model_dump(mode="json", by_alias=True))
+        elif method == "rerank":
+            answers.append([rank.model_dump() for rank in client.rerank(**kwargs).ranks])
+        else:
+            answers.append([list(vector) for vector in client.embed(**kwargs)])
+    except Exception as err:
+        answers.append({"error": f"{type(err).__name__}: {err}"})
+print(json.dumps(answers))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Deployment:
+    """One local Ray + Serve with the gRPC proxy; `use(config)` (re)deploys the app when the config changes."""
+
+    def __init__(self, model_dir: str, keys_file: Path):
+        self.base = {"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5,
+                     "max_items_per_request": MAX_ITEMS, "max_request_bytes": MAX_REQUEST_BYTES}
+        self.configs = {"rerank": {}, "embed": {"primary_task": "embed"}, "keyed": {"api_keys_file": str(keys_file)}}
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.current = None
+
+    def stub(self, service: str):
+        return getattr(tei_pb2_grpc, f"{service}Stub")(self.channel)
+
+    def start(self, start_local_ray) -> None:
+        start_local_ray()
+        serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
+                    http_options={"host": "127.0.0.1", "port": free_port()})
+
+    def use(self, name: str) -> Deployment:
+        if name != self.current:
+            serve.run(build({**self.base, **self.configs[name]}), name="radixserve", route_prefix="/")
+            self._wait_until_answering(keyed=name == "keyed")
+            self.current = name
+        return self
+
+    def _wait_until_answering(self, keyed: bool, timeout_s: float = 60) -> None:
+        """Until the proxy routes to the new ingress: Info answers OK when open, UNAUTHENTICATED when keyed."""
+        want = grpc.StatusCode.UNAUTHENTICATED if keyed else grpc.StatusCode.OK
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.stub("Info").Info(tei.InfoRequest(), timeout=10)
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                code = err.code()
+            if code == want:
+                return
+            assert time.monotonic() < deadline, f"the app did not answer {want.name} in {timeout_s} s (got {code})"
+            time.sleep(0.5)
+
+    def tei_client(self, calls: list[tuple[str, dict]]) -> list:
+        """The answers of tei-client's GrpcClient to `calls`, run in a subprocess."""
+        done = subprocess.run([sys.executable, "-c", TEI_CLIENT, self.address, json.dumps(calls)],
+                              capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stderr
+        answers = json.loads(done.stdout)
+        return answers
+
+    def stop(self) -> None:
+        self.channel.close()
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir) -> str:
+    return str(tiny_model_dir("qwen3", "causal_lm"))
+
+
+@pytest.fixture(scope="module")
+def deployment(model_dir, tmp_path_factory, start_local_ray):
+    keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys_file.write_text(KEY + "\n")
+    served = Deployment(model_dir, keys_file)
+    try:
+        served.start(start_local_ray)
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir) -> Engine:
+    return Engine.from_pretrained(model_dir, device="cpu")
+
+
+def assert_ranks_equal(ranks, local, texts: bool = False) -> None:
+    """TEI ranks (dicts or `Rank` messages) are the library's hits: same order, scores within 1e-5."""
+    ranks = [r if isinstance(r, dict) else {"index": r.index, "score": r.score, "text": r.text} for r in ranks]
+    assert [r["index"] for r in ranks] == [h.index for h in local.results]
+    np.testing.assert_allclose([r["score"] for r in ranks], [h.score for h in local.results], atol=1e-5)
+    if texts:
+        assert [r["text"] for r in ranks] == [h.document for h in local.results]
+
+
+@pytest.mark.timeout(180)
+def test_tei_client_reranks_and_reads_info_on_a_reranker(deployment, engine, model_dir):
+    info, ranks, raw, embed = deployment.use("rerank").tei_client([
+        ("info", {}), ("rerank", {"query": QUERY, "texts": DOCS, "return_text": True}),
+        ("rerank", {"query": QUERY, "texts": DOCS[:3], "raw_scores": True}), ("embed", {"text": DOCS[0]})])
+    assert "error" not in info, info
+    assert (info["model_type"], info["model_id"], info["version"]) == ("reranker", model_dir, radixserve.__version__)
+    assert (info["max_client_batch_size"], info["model_dtype"]) == (MAX_ITEMS, "float32")
+    assert info["max_input_length"] > 0 and info["max_batch_tokens"] > 0
+    assert_ranks_equal(ranks, engine.rerank(QUERY, DOCS, return_documents=True), texts=True)
+    assert_ranks_equal(raw, engine.rerank(QUERY, DOCS[:3], raw_scores=True))
+    assert "Embedding model required" in embed["error"]  # tei-client embeds only on an embedding model
+
+
+@pytest.mark.timeout(180)
+def test_tei_client_embeds_on_an_embedding_model(deployment, engine):
+    # (tei-client 0.2.4's proto predates TEI's `optional` normalize, so its normalize=False never reaches a server;
+    # the grpcio test below sends it)
+    info, vectors, rerank = deployment.use("embed").tei_client([
+        ("info", {}), ("embed", {"text": DOCS}), ("rerank", {"query": QUERY, "texts": DOCS})])
+    assert info["model_type"] == "embedding"
+    np.testing.assert_allclose(vectors, engine.embed(DOCS).embeddings, atol=1e-5)
+    assert "Reranker model required" in rerank["error"]
+    # every task stays callable whatever model_type says
+    reply = deployment.stub("Rerank").Rerank(tei.RerankRequest(query=QUERY, texts=DOCS[:2]), timeout=60)
+    assert_ranks_equal(reply.ranks, engine.rerank(QUERY, DOCS[:2]))
+
+
+@pytest.mark.timeout(180)
+def test_unary_calls_and_streams_return_what_the_library_returns(deployment, engine):
+    rerank, embed = deployment.use("rerank").stub("Rerank"), deployment.stub("Embed")
+    reply = rerank.Rerank(tei.RerankRequest(query=QUERY, texts=DOCS, return_text=True), timeout=60)
+    local = engine.rerank(QUERY, DOCS, return_documents=True)
+    assert_ranks_equal(reply.ranks, local, texts=True)
+    assert reply.metadata.compute_tokens == local.usage.input_tokens and reply.metadata.total_time_ns > 0
+
+    reply = rerank.RerankStream(iter([tei.RerankStreamRequest(query=QUERY, text=doc) for doc in DOCS]), timeout=60)
+    assert_ranks_equal(reply.ranks, engine.rerank(QUERY, DOCS))
+    assert not any(rank.HasField("text") for rank in reply.ranks)
+
+    # two queries in one stream: each message scored against its own query, all ranked together
+    pairs = [("what is a trie", DOCS[0]), (QUERY, DOCS[1]), ("what is a trie", DOCS[2])]
+    reply = rerank.RerankStream(iter([tei.RerankStreamRequest(query=q, text=t, return_text=True) for q, t in pairs]),
+                                timeout=60)
+    scores = {i: engine.rerank(q, [t]).results[0].score for i, (q, t) in enumerate(pairs)}
+    assert [r.index for r in reply.ranks] == sorted(scores, key=lambda i: -scores[i])
+    np.testing.assert_allclose([r.score for r in reply.ranks], [scores[r.index] for r in reply.ranks], atol=1e-5)
+    assert [r.text for r in reply.ranks] == [pairs[r.index][1] for r in reply.ranks]
+
+    reply = embed.Embed(tei.EmbedRequest(inputs=DOCS[0], dimensions=16), timeout=60)
+    np.testing.assert_allclose(reply.embeddings, engine.embed(DOCS[:1], dimensions=16).embeddings[0], atol=1e-5)
+    replies = list(embed.EmbedStream(iter([tei.EmbedRequest(inputs=doc, normalize=False) for doc in DOCS]),
+                                     timeout=60))
+    np.testing.assert_allclose([list(r.embeddings) for r in replies], engine.embed(DOCS, normalize=False).embeddings,
+                               atol=1e-5)
+
+    # the same method names, radixserve.v1's messages: answered by radixserve.v1
+    scoring = ScoringStub(deployment.channel)
+    reply = scoring.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS[:2]), timeout=60)
+    assert [h.index for h in reply.results] == [h.index for h in engine.rerank(QUERY, DOCS[:2]).results]
+    assert scoring.Info(pb.InfoRequest(), timeout=30).limits.max_items == MAX_ITEMS
+
+
+TOO_LONG = "radix " * 3000
+BAD_INPUTS = {
+    "empty-texts": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY), "INVALID_ARGUMENT",
+                    "texts is empty: give at least one"),
+    "too-many-texts": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=["d"] * (MAX_ITEMS + 1)),
+                       "INVALID_ARGUMENT", f"{MAX_ITEMS + 1} texts is more than the limit of {MAX_ITEMS}"),
+    "left-truncation": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=DOCS, truncation_direction=1),
+                        "INVALID_ARGUMENT", "truncation_direction TRUNCATION_DIRECTION_LEFT is not supported"),
+    "too-long": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=["short", TOO_LONG]), "INVALID_ARGUMENT",
+                 "texts[1] gives a sequence of"),
+    "prompt-name": ("Embed", "Embed", tei.EmbedRequest(inputs="x", prompt_name="query"), "INVALID_ARGUMENT",
+                    "prompt_name 'query' is not supported"),
+    "dimensions": ("Embed", "Embed", tei.EmbedRequest(inputs="x", dimensions=100000), "INVALID_ARGUMENT",
+                   "dimensions must be between 1 and the model's hidden size 64, got 100000"),
+    "embed-too-long": ("Embed", "Embed", tei.EmbedRequest(inputs=TOO_LONG), "INVALID_ARGUMENT",
+                       "inputs gives a sequence of"),
+    "predict": ("Predict", "Predict", tei.PredictRequest(inputs="great"), "INVALID_ARGUMENT",
+                "tei.v1 Predict classifies a text with the model's own sequence-classification labels"),
+    "oversize": ("Embed", "Embed", tei.EmbedRequest(inputs="x" * MAX_REQUEST_BYTES), "RESOURCE_EXHAUSTED",
+                 f"over the limit of {MAX_REQUEST_BYTES} bytes (max_request_bytes)"),
+    "stream-empty": ("Rerank", "RerankStream", iter([]), "INVALID_ARGUMENT", "RerankStream received no messages"),
+    "stream-too-many": ("Rerank", "RerankStream", iter([tei.RerankStreamRequest(query=QUERY, text="d")] * 20),
+                        "INVALID_ARGUMENT", f"{MAX_ITEMS + 1} messages is more than the limit of {MAX_ITEMS}"),
+    "stream-oversize": ("Rerank", "RerankStream",
+                        iter([tei.RerankStreamRequest(query=QUERY, text="x" * (MAX_REQUEST_BYTES // 2))] * 3),
+                        "RESOURCE_EXHAUSTED", "(max_request_bytes)"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_gets_its_code_and_a_message_naming_the_field(deployment, case):
+    service, method, request, code, message = BAD_INPUTS[case]
+    with pytest.raises(grpc.RpcError) as caught:
+        getattr(deployment.use("rerank").stub(service), method)(request, timeout=60)
+    assert caught.value.code().name == code and message in caught.value.details(), caught.value.details()
+    assert "Traceback" not in caught.value.details()
+
+
+@pytest.mark.timeout(120)
+def test_a_bidirectional_stream_answers_until_its_first_bad_message(deployment, engine):
+    embed, predict = deployment.use("rerank").stub("Embed"), deployment.stub("Predict")
+    messages = [tei.EmbedRequest(inputs=DOCS[0]), tei.EmbedRequest(inputs=DOCS[1]),
+                tei.EmbedRequest(inputs="x", dimensions=100000), tei.EmbedRequest(inputs=DOCS[2])]
+    call = embed.EmbedStream(iter(messages), timeout=60)
+    replies = []
+    with pytest.raises(grpc.RpcError) as caught:
+        for reply in call:
+            replies.append(list(reply.embeddings))
+    np.testing.assert_allclose(replies, engine.embed(DOCS[:2]).embeddings, atol=1e-5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "dimensions must be between 1 and the model's hidden size" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:
+        list(predict.PredictStream(iter([tei.PredictRequest(inputs="great")]), timeout=60))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Predict" in caught.value.details()
+
+
+@pytest.mark.timeout(180)
+def test_api_keys_guard_tei_calls_and_streams(deployment):
+    keyed, metadata = deployment.use("keyed"), [("authorization", f"Bearer {KEY}")]
+    rerank, embed = keyed.stub("Rerank"), keyed.stub("Embed")
+    calls = [lambda md: rerank.Rerank(tei.RerankRequest(query=QUERY, texts=DOCS[:2]), metadata=md, timeout=60),
+             lambda md: rerank.RerankStream(iter([tei.RerankStreamRequest(query=QUERY, text=DOCS[0])]), metadata=md,
+                                            timeout=60),
+             lambda md: list(embed.EmbedStream(iter([tei.EmbedRequest(inputs=DOCS[0])]), metadata=md, timeout=60)),
+             lambda md: keyed.stub("Info").Info(tei.InfoRequest(), metadata=md, timeout=30)]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as caught:
+            call(())
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value.details()
+        assert "missing API key" in caught.value.details()
+        assert call(metadata)
