@@ -10,6 +10,7 @@ import pytest
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException
 
+from deployments.batcher import QueueFullError
 from deployments.http.errors import api_error
 from deployments.http.registry import DIALECTS
 from deployments.model_card import model_card
@@ -29,6 +30,12 @@ def test_errors_get_their_status_and_kind(err, status, name):
     assert (error.headers or {}).get("Retry-After") == ("1" if status == 429 else None)
     if status == 500:
         assert "secret" not in error.detail and "RuntimeError" in error.detail
+
+
+def test_a_full_batch_queue_says_when_to_retry():
+    error = api_error(QueueFullError("batch queue full: retry in about 2.3 s", 2.3))
+    assert (error.status_code, error.headers["Retry-After"]) == (429, "3")
+    assert error.detail.startswith("batch queue full")
 
 
 @pytest.mark.parametrize("dialect, body", [

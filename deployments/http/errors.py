@@ -6,7 +6,8 @@ the HTTP face classifies errors with the gRPC face's `status_of` rather than a s
     unauthorized      401     UNAUTHENTICATED       missing or wrong API key
     not_found         404     NOT_FOUND             a model other than the served one, an unknown path
     payload_too_large 413     -                     a body over max_request_bytes
-    overloaded        429     RESOURCE_EXHAUSTED    engine queue full: retry after `Retry-After` seconds
+    overloaded        429     RESOURCE_EXHAUSTED    engine queue full: retry after `Retry-After` seconds (the
+                                                    queue's drain time when the batcher knows it, else 1)
     unhealthy         503     UNAVAILABLE           the engine is starting, restarting or failed
     backend           500     INTERNAL              a server fault; details only in the server log
 
@@ -16,15 +17,16 @@ dialect writes the body its clients parse (`Dialect.error_body`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from http import HTTPStatus
 
 import grpc
 from starlette.exceptions import HTTPException
 
-from deployments.grpc_status import status_of
+from deployments.grpc_status import retry_after_s, status_of
 
-RETRY_AFTER_S = 1  # what a 429 tells the client to wait before retrying
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait when the server has no estimate of its own
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,9 @@ class ApiError(HTTPException):
     """An error answered with `kind`'s status and the dialect's body (an HTTPException, so FastAPI passes it through
     unchanged even when it is raised while the body is read)."""
 
-    def __init__(self, kind: ErrorKind, message: str):
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if kind is OVERLOADED else None
+    def __init__(self, kind: ErrorKind, message: str, retry_after: float | None = None):
+        wait = max(RETRY_AFTER_S, math.ceil(retry_after or 0))  # Retry-After counts whole seconds
+        headers = {"Retry-After": str(wait)} if kind is OVERLOADED else None
         super().__init__(kind.status, message, headers)
         self.kind = kind
 
@@ -67,7 +70,7 @@ def api_error(err: Exception) -> ApiError:
         kind = KINDS_BY_STATUS.get(err.status_code) or ErrorKind(err.status_code, _status_name(err.status_code))
         return ApiError(kind, str(err.detail))
     code, details = status_of(err)
-    return ApiError(KIND_OF_CODE[code], details)
+    return ApiError(KIND_OF_CODE[code], details, retry_after_s(err))
 
 
 def _status_name(status: int) -> str:

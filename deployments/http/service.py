@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from deployments.auth import ApiKeys
 from deployments.config import AppArgs
+from deployments.grpc_status import retry_after_s
 from deployments.http.errors import NOT_FOUND, UNAUTHORIZED, ApiError, api_error
 from deployments.model_card import ModelCard
 from radix_core.tasks import TaskContext, Usage
@@ -66,7 +67,7 @@ class Service:
             return await self.scorer.call(task, request)
         except Exception as err:  # every error becomes an ApiError; status_of logs the unexpected ones
             error = api_error(err)
-            raise ApiError(error.kind, _renamed(error.detail, renames)) from None
+            raise ApiError(error.kind, _renamed(error.detail, renames), retry_after_s(err)) from None
 
     async def respond(self, render: Callable[..., Any], *args: Any, usage: Usage | None = None) -> JSONResponse:
         """`render(*args)` as a JSON response, rendered and encoded in a worker thread; the usage in headers."""
