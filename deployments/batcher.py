@@ -14,17 +14,26 @@ Two stages run as a pipeline so the device never waits for the CPU work of the n
 
 While batch k runs, batch k+1 is formed and prepared; it then waits (at most one prepared batch) until batch k
 finishes. Without `prepare`, `run_batch` receives the item list. An exception from either stage fails exactly
-the requests of that batch; the batcher keeps serving. Ray Serve's `@serve.batch` (with `batch_size_fn`) counts
-a budget too, but neither groups by key nor splits a batch into pipelined stages.
+the requests of that batch (logged once, naming their request ids); the batcher keeps serving. Ray Serve's
+`@serve.batch` (with `batch_size_fn`) counts a budget too, but neither groups by key nor splits a batch into
+pipelined stages.
+
+An `observer` (`BatchObserver`; the engine replica's metrics) hears every change of the queue's size and every
+batch's `BatchStats`. The two loops run in a context of their own, not the first caller's, so their log lines
+carry no request's id but name the ids of the batch they are about.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+logger = logging.getLogger("ray.serve")
 
 
 class QueueFullError(RuntimeError):
@@ -51,6 +60,17 @@ class BatchStats:
     wait_s: float  # prepared batch waiting for the device (the previous forward still running)
     forward_s: float  # run_batch()
     ok: bool  # False when prepare or run_batch raised
+    request_ids: tuple[str, ...] = ()  # distinct ids of the items that gave one, in batch order
+
+
+class BatchObserver(Protocol):
+    """What the batcher reports as it works."""
+
+    def queue_changed(self, items: int, tokens: int) -> None:
+        """The queue now holds `items` items of `tokens` tokens in all."""
+
+    def batch_done(self, stats: BatchStats) -> None:
+        """A batch finished, or failed (`stats.ok` False)."""
 
 
 @dataclass
@@ -93,6 +113,7 @@ class _Waiting:
     group: Hashable  # the prefix key, or a fresh object so keyless items group with nothing
     enqueued: float
     future: asyncio.Future
+    request_id: str | None
 
 
 class TokenBudgetBatcher:
@@ -100,7 +121,8 @@ class TokenBudgetBatcher:
 
     def __init__(self, run_batch: Callable[[Any], Awaitable[Sequence[Any]]], max_batch_tokens: int,
                  wait_timeout_s: float, *, prepare: Callable[[list[Any]], Awaitable[Any]] | None = None,
-                 max_queued_tokens: int | None = None, max_queued_items: int | None = None):
+                 max_queued_tokens: int | None = None, max_queued_items: int | None = None,
+                 observer: BatchObserver | None = None):
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if wait_timeout_s < 0:
@@ -111,6 +133,7 @@ class TokenBudgetBatcher:
         self.wait_timeout_s = wait_timeout_s
         self.max_queued_tokens = max_queued_tokens
         self.max_queued_items = max_queued_items
+        self.observer = observer
         self.stats = BatcherStats()
         self._queue: list[_Waiting] = []  # arrival order
         self._queued_tokens = 0
@@ -127,17 +150,20 @@ class TokenBudgetBatcher:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    async def submit(self, item: Any, num_tokens: int, prefix_key: str | None = None) -> Any:
-        """Queue `item` (`num_tokens` of work) and return its own result once its batch has run."""
+    async def submit(self, item: Any, num_tokens: int, prefix_key: str | None = None,
+                     request_id: str | None = None) -> Any:
+        """Queue `item` (`num_tokens` of work) and return its own result once its batch has run; `request_id`
+        names it in the batch's log lines and stats."""
         if self._closed:
             raise RuntimeError("the batcher is closed; the replica is shutting down")
         self._check_room(num_tokens)
         self._start()
         loop = asyncio.get_running_loop()
         entry = _Waiting(item, num_tokens, prefix_key if prefix_key is not None else object(), loop.time(),
-                         loop.create_future())
+                         loop.create_future(), request_id)
         self._queue.append(entry)
         self._queued_tokens += num_tokens
+        self._queue_changed()
         self._arrived.set()
         try:
             return await entry.future
@@ -145,6 +171,7 @@ class TokenBudgetBatcher:
             if entry in self._queue:  # caller gave up before its batch closed: drop it
                 self._queue.remove(entry)
                 self._queued_tokens -= entry.num_tokens
+                self._queue_changed()
             raise
 
     async def close(self) -> None:
@@ -159,6 +186,7 @@ class TokenBudgetBatcher:
         self._fail(self._queue, closed)
         self._queue.clear()
         self._queued_tokens = 0
+        self._queue_changed()
 
     def _check_room(self, num_tokens: int) -> None:
         if num_tokens < 1:
@@ -183,7 +211,8 @@ class TokenBudgetBatcher:
         if not self._tasks:
             self._arrived = asyncio.Event()
             self._handoff = asyncio.Queue(maxsize=1)
-            self._tasks = [asyncio.create_task(self._prepare_loop()), asyncio.create_task(self._run_loop())]
+            self._tasks = [asyncio.create_task(loop, context=contextvars.Context())  # not the first caller's
+                           for loop in (self._prepare_loop(), self._run_loop())]
 
     async def _prepare_loop(self) -> None:
         """Form and prepare the next batch, hand it to the device loop, wait until the device takes it."""
@@ -200,7 +229,7 @@ class TokenBudgetBatcher:
                 raise
             except Exception as err:  # this batch fails; the next one is unaffected
                 self._fail(batch, err)
-                self.stats.record(self._stats(batch, queue_s, loop.time() - closed_at, 0.0, 0.0, ok=False))
+                self._record(self._stats(batch, queue_s, loop.time() - closed_at, 0.0, 0.0, ok=False), err)
                 continue
             await self._handoff.put((batch, prepared, queue_s, loop.time() - closed_at, loop.time()))
             await self._handoff.join()  # at most one prepared batch waits for the device
@@ -221,13 +250,13 @@ class TokenBudgetBatcher:
                 raise
             except Exception as err:
                 self._fail(batch, err)
-                self.stats.record(self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started,
-                                              ok=False))
+                self._record(self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started,
+                                         ok=False), err)
                 continue
             for waiting, result in zip(batch, results):
                 if not waiting.future.done():
                     waiting.future.set_result(result)
-            self.stats.record(self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started))
+            self._record(self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started))
 
     async def _next_batch(self) -> list[_Waiting]:
         """Wait until the budget is reached or the oldest waiting item times out, then take a batch."""
@@ -266,13 +295,34 @@ class TokenBudgetBatcher:
         batch = [self._queue[i] for i in taken]
         self._queue = [w for i, w in enumerate(self._queue) if i not in chosen]
         self._queued_tokens -= total
+        self._queue_changed()
         return batch
+
+    def _queue_changed(self) -> None:
+        if self.observer is not None:
+            self.observer.queue_changed(len(self._queue), self._queued_tokens)
+
+    def _record(self, stats: BatchStats, err: Exception | None = None) -> None:
+        """Count the batch, tell the observer, and log it: DEBUG when it ran, WARNING (once for all its requests)
+        when it failed."""
+        self.stats.record(stats)
+        if self.observer is not None:
+            self.observer.batch_done(stats)
+        ids = ", ".join(stats.request_ids) or "none given"
+        if err is not None:
+            logger.warning("batch of %d items, %d tokens failed (%s: %s); requests: %s", stats.num_items,
+                           stats.num_tokens, type(err).__name__, err, ids)
+        else:
+            logger.debug("batch of %d items, %d tokens, %d prefix keys: queue %.4f s, build %.4f s, wait %.4f s, "
+                         "forward %.4f s; requests: %s", stats.num_items, stats.num_tokens, stats.num_keys,
+                         stats.queue_s, stats.build_s, stats.wait_s, stats.forward_s, ids)
 
     def _stats(self, batch: list[_Waiting], queue_s: float, build_s: float, wait_s: float, forward_s: float,
                ok: bool = True) -> BatchStats:
         return BatchStats(num_items=len(batch), num_tokens=sum(w.num_tokens for w in batch),
                           num_keys=len({w.group for w in batch}), queue_s=queue_s, build_s=build_s, wait_s=wait_s,
-                          forward_s=forward_s, ok=ok)
+                          forward_s=forward_s, ok=ok,
+                          request_ids=tuple(dict.fromkeys(w.request_id for w in batch if w.request_id)))
 
     @staticmethod
     def _fail(batch: list[_Waiting], err: BaseException) -> None:

@@ -4,6 +4,11 @@ Jobs arrive from the ingress already validated and tokenized (`radix_core.tasks.
 finishing needs), with the prefix key and exact token count the router used. The batcher groups jobs of one
 prefix into one batch; the replica's `IndexBuilder` actor indexes batch k+1 while batch k runs here; each job
 gets its own partial result back, which the ingress merges.
+
+Each job keeps the id of the client request it came from (Ray carries it from the ingress in the request
+context): the batch's log lines name the ids of its requests, so a slow or failed request can be followed from
+the ingress to its batch. `EngineMetrics` exports the batches (mode, N'/N, sizes, stage times), the queue and
+IndexBuilder restarts.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ray.exceptions import RayActorError
 from deployments.batcher import TokenBudgetBatcher
 from deployments.config import AppArgs
 from deployments.index_builder import IndexBuilder, build_batch
+from deployments.metrics import EngineMetrics
 from radix_core import Engine
 from radix_core.batch import PreparedBatch
 from radix_core.tasks import TaskJob
@@ -42,19 +48,22 @@ class EngineReplica:
             args.model, device=device, dtype=args.dtype, radix=args.radix, radix_threshold=args.radix_threshold,
             attention=args.attention, tasks=args.task_config())
         pipelined = args.index_builder == "actor"
+        self.metrics = EngineMetrics()
         self._builders = itertools.count()
         self.builder = self._new_builder() if pipelined else None
         self.batcher = TokenBudgetBatcher(self._run if pipelined else self._build_and_run,
                                           args.max_batch_tokens, args.batch_wait_timeout_s,
                                           prepare=self._build if pipelined else None,
-                                          max_queued_tokens=args.queued_token_bound)
+                                          max_queued_tokens=args.queued_token_bound, observer=self.metrics)
 
     async def submit(self, job: TaskJob, *, prefix_key: str | None = None, num_tokens: int = 1) -> Any:
         """One job's partial result; `prefix_key` and `num_tokens` are the routing contract (deployments.router)."""
-        return await self.batcher.submit(job, num_tokens, prefix_key)
+        request_id = serve.context._get_serve_request_context().request_id
+        return await self.batcher.submit(job, num_tokens, prefix_key, request_id=request_id)
 
     def info(self) -> dict[str, Any]:
-        return {**self.engine.info, "index_builder": self.args.index_builder,
+        return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,
+                "index_builder": self.args.index_builder,
                 "max_batch_tokens": self.args.max_batch_tokens, "torch_threads": torch.get_num_threads(),
                 "batcher": self.batcher.stats.summary()}
 
@@ -68,7 +77,7 @@ class EngineReplica:
             await asyncio.wait_for(self.builder.ping.remote(), timeout=10)
         except (RayActorError, asyncio.TimeoutError):
             logger.warning("IndexBuilder did not answer its health ping; starting a new one")
-            self._replace_builder()
+            self._replace_builder("health")
 
     def _new_builder(self):
         """A new IndexBuilder actor (no CPU reserved: it shares the replica's), named after the replica and its
@@ -78,7 +87,8 @@ class EngineReplica:
         actor = ray.remote(num_cpus=0, name=name, lifetime=None)(IndexBuilder)
         return actor.remote(self.engine.limits, self.args.radix)
 
-    def _replace_builder(self) -> None:
+    def _replace_builder(self, reason: str) -> None:
+        self.metrics.restarted(reason)
         ray.kill(self.builder, no_restart=True)
         self.builder = self._new_builder()
 
@@ -87,17 +97,27 @@ class EngineReplica:
             return jobs, await self.builder.build.remote(jobs)
         except RayActorError:
             logger.warning("IndexBuilder died while building a batch; starting a new one and retrying")
-            self._replace_builder()
+            self._replace_builder("build")
             return jobs, await self.builder.build.remote(jobs)
 
     async def _run(self, built: tuple[list[TaskJob], PreparedBatch]) -> list[Any]:
         """Each job's partial result, in order, from the batch the IndexBuilder prepared."""
-        return await asyncio.to_thread(self.engine.run_jobs, *built)
+        jobs, prepared = built
+        results = await asyncio.to_thread(self.engine.run_jobs, jobs, prepared)
+        self._ran(prepared)
+        return results
 
     async def _build_and_run(self, jobs: list[TaskJob]) -> list[Any]:
         """`index_builder: inline`: build and run one after the other (the pipeline benchmark's baseline)."""
         prepared = await asyncio.to_thread(build_batch, self.engine.limits, self.args.radix, jobs)
-        return await asyncio.to_thread(self.engine.run_jobs, jobs, prepared)
+        results = await asyncio.to_thread(self.engine.run_jobs, jobs, prepared)
+        self._ran(prepared)
+        return results
+
+    def _ran(self, prepared: PreparedBatch) -> None:
+        """Export the mode and N'/N of a batch that ran (the rows computed: all N tokens when the mode is off)."""
+        computed = prepared.index.num_compact if prepared.index is not None else prepared.num_tokens
+        self.metrics.ran(prepared.mode, prepared.num_tokens, computed)
 
 
 def cpu_threads() -> int:

@@ -36,11 +36,12 @@ from ray import serve
 from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.handle import DeploymentHandle
 
-from deployments import grpc_codec, tei_grpc
+from deployments import grpc_codec, request_ids, tei_grpc
 from deployments.auth import load_api_keys
 from deployments.config import AppArgs
 from deployments.grpc_status import retry_after_s, status_of
 from deployments.http import build_app
+from deployments.metrics import API_GRPC, API_TEI_GRPC, IngressMetrics, count_usage
 from deployments.model_card import model_card
 from radix_core.tasks import TASKS, Task, TaskJob, load_task_context, task_of
 from radixserve import __version__
@@ -51,8 +52,8 @@ logger = logging.getLogger("ray.serve")
 
 HEALTH_TIMEOUT_S = 5.0  # Check answers NOT_SERVING when no engine replica answers within this
 HEALTH_SERVICES = ("", "radixserve.v1.Scoring")  # the server as a whole, and the one service it offers
-INFO_REPLIES = {pb.InfoRequest: (pb.InfoResponse, grpc_codec.info_to_pb),  # Info's answer by request type
-                tei.InfoRequest: (tei.InfoResponse, tei_grpc.info_to_pb)}
+INFO_REPLIES = {pb.InfoRequest: (pb.InfoResponse, grpc_codec.info_to_pb, API_GRPC),  # Info's answer, api label
+                tei.InfoRequest: (tei.InfoResponse, tei_grpc.info_to_pb, API_TEI_GRPC)}
 TEI_STREAM_WINDOW = 64  # messages of one bidirectional tei.v1 stream answered at once (the engine batches them)
 RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a refusal: when the engine expects room again
 
@@ -126,7 +127,8 @@ def _with_tei_rpcs(cls: type) -> type:
 @_with_task_rpcs
 class Ingress:
     """`call(task, request)` with the `Engine` method's keyword arguments as a dict, and the gRPC calls of
-    `radixserve.v1.Scoring` and `grpc.health.v1.Health`."""
+    `radixserve.v1.Scoring`, `grpc.health.v1.Health` and TEI's `tei.v1` (`tei_grpc`; a method name both APIs use
+    answers by the request's message type)."""
 
     def __init__(self, engine: DeploymentHandle, args: AppArgs):
         self.engine = engine
@@ -135,6 +137,7 @@ class Ingress:
         self.context = load_task_context(args.model, args.task_config())
         self.card = model_card(args.model, args.served_model_name, args.primary_task, self.context)
         self.submitted_parts = 0  # sub-jobs sent to the engine by this replica
+        self.metrics = IngressMetrics()
 
     async def call(self, task: str, request: dict[str, Any]) -> Any:
         """The task's result for one request; a ValueError names what is wrong before anything is queued."""
@@ -154,11 +157,11 @@ class Ingress:
     async def Info(self, request: Message, grpc_context: RayServegRPCContext) -> Message:
         """radixserve.v1.Scoring/Info, and tei.v1.Info/Info (the same method name): `info()` in the request's
         dialect."""
-        response, convert = INFO_REPLIES[type(request)]
+        response, convert, api = INFO_REPLIES[type(request)]
 
         async def answer() -> Message:
             return convert(await self.info())
-        return await self._rpc(request, grpc_context, response, answer)
+        return await self._rpc(request, grpc_context, response, answer, "info", api)
 
     async def Check(self, request: health_pb2.HealthCheckRequest,
                     grpc_context: RayServegRPCContext) -> health_pb2.HealthCheckResponse:
@@ -189,14 +192,15 @@ class Ingress:
         async def answer() -> Message:
             result = await self._answer(task, grpc_codec.from_pb(request))
             return await asyncio.to_thread(grpc_codec.to_pb, task, result)
-        return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer)
+        return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer, task.name, API_GRPC)
 
     async def _tei_rpc(self, call: tei_grpc.TeiCall | tei_grpc.Refused, request: Message | list[Message],
                        grpc_context: RayServegRPCContext) -> Message:
         """One tei.v1 call: a message, or a client stream's messages."""
         async def answer() -> Message:
             return await self._tei_answer(call, request)
-        return await self._rpc(request, grpc_context, call.response, answer)
+        task = call.task if isinstance(call, tei_grpc.TeiCall) else "refused"  # the metrics' task label
+        return await self._rpc(request, grpc_context, call.response, answer, task, API_TEI_GRPC)
 
     async def _tei_answer(self, call: tei_grpc.TeiCall | tei_grpc.Refused,
                           request: Message | list[Message]) -> Message:
@@ -255,7 +259,19 @@ class Ingress:
         return messages
 
     async def _rpc(self, request: Message | list[Message], grpc_context: RayServegRPCContext, response: type[Message],
-                   answer: Callable[[], Awaitable[Message]]) -> Message:
+                   answer: Callable[[], Awaitable[Message]], task: str, api: str) -> Message:
+        """`_status(...)`, metered (`IngressMetrics`: `task`, `api` and the status code) and answered with the
+        call's request id (`request_ids`: the client's `x-request-id`, or Ray's), which every log line about the
+        call carries."""
+        request_id = request_ids.adopt(grpc_context)
+        with self.metrics.request(task, api, request_id) as meter:
+            reply = await self._status(request, grpc_context, response, answer)
+            meter.code = (grpc_context.code() or grpc.StatusCode.OK).name
+        request_ids.reply(grpc_context, request_id)
+        return reply
+
+    async def _status(self, request: Message | list[Message], grpc_context: RayServegRPCContext,
+                      response: type[Message], answer: Callable[[], Awaitable[Message]]) -> Message:
         """`answer()` once the key and the size pass; a refusal or an error becomes the status code and message on
         `grpc_context` and an empty `response`."""
         code, details = self._refusal(request, grpc_context)
@@ -268,8 +284,7 @@ class Ingress:
                 if retry is not None:
                     grpc_context.set_trailing_metadata([(RETRY_AFTER_KEY, str(round(retry * 1000)))])
         if code != grpc.StatusCode.INTERNAL:  # the client's to fix: one line, no stack trace
-            logger.warning("request %s refused: %s: %s", serve.context._get_serve_request_context().request_id,
-                           code.name, details)
+            logger.warning("request %s refused: %s: %s", request_ids.current(), code.name, details)
         grpc_context.set_code(code)
         grpc_context.set_details(details)
         return response()
@@ -304,7 +319,9 @@ class Ingress:
         self.submitted_parts += len(parts)
         partials = await asyncio.gather(*(self.engine.submit.remote(part, prefix_key=key, num_tokens=part.num_tokens)
                                           for part in parts))
-        return await asyncio.to_thread(task.merge, job, partials)
+        result = await asyncio.to_thread(task.merge, job, partials)
+        count_usage(result.usage)  # into the metered request this call answers (IngressMetrics)
+        return result
 
     def _encode(self, task: Task, request: dict[str, Any]) -> tuple[TaskJob, list[TaskJob]]:
         job = task.encode(self.context, request)

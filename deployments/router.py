@@ -19,6 +19,9 @@ that have not completed. Ray's own queue-length cache adds the replicas' view: a
 one replica, so Ray tries them strictly in order and backs off once the whole ranking has been refused. The
 router deliberately leaves out Ray's `FIFOMixin`: with it, a replica chosen for one request's key may be handed
 to an older request of another key.
+
+`RouterMetrics` exports, from the ingress replica the router lives in, the distinct keys each engine replica got
+recently and the keyed requests that spilled off their key's first replica.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VIRTUAL_NODES, HashRing
+from deployments.metrics import RouterMetrics
 
 if TYPE_CHECKING:
     from ray.serve.request_router import ReplicaResult
@@ -62,6 +66,7 @@ class PrefixAffinityRouter(RequestRouter):
         self._min_load_tokens = 0.0
         self._outstanding: dict[tuple[str, str], list[float]] = {}  # (replica, internal request id) -> tokens each
         self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
+        self.metrics = RouterMetrics()
 
     def initialize_state(self, load_factor: float = DEFAULT_LOAD_FACTOR,
                          virtual_nodes: int = DEFAULT_VIRTUAL_NODES, min_load_tokens: float = 0, **unknown):
@@ -134,7 +139,11 @@ class PrefixAffinityRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
-        """Count the request's tokens against the replica until `on_request_completed`."""
+        """Count the request's tokens against the replica until `on_request_completed`; export where its key went."""
+        key = request_key(pending_request.kwargs)
+        owners = self._ring.walk(key)[:1] if key is not None else []
+        if owners:
+            self.metrics.routed(key, replica_id.unique_id, owners[0])
         tokens = request_weight(pending_request.kwargs)
         slot = (replica_id.unique_id, pending_request.metadata.internal_request_id)
         self._outstanding.setdefault(slot, []).append(tokens)  # sub-requests of one parent share its id
@@ -165,3 +174,5 @@ class PrefixAffinityRouter(RequestRouter):
             del self._outstanding[slot]
         for replica in [r for r in self._loads if r not in current]:
             del self._loads[replica]
+        for replica in [r for r in self.metrics.window.counts if r not in current]:
+            self.metrics.replica_left(replica)

@@ -57,3 +57,25 @@ def _start_local_ray() -> None:
             ray.shutdown()
             if attempt or "timed out during startup" not in str(err):
                 raise
+
+
+@pytest.fixture(scope="session")
+def start_local_ray_with_metrics() -> Callable[[int], None]:
+    """`start_local_ray_with_metrics(port)`: the same local Ray, with the node's metrics agent serving Prometheus
+    text on 127.0.0.1:`port` (`ray.init(_metrics_export_port=...)`) and exporting every second rather than every
+    10 s (`metrics_report_interval_ms`; Ray floors it at 1 s)."""
+    return _start_local_ray_with_metrics
+
+
+def _start_local_ray_with_metrics(port: int) -> None:
+    import ray
+
+    for attempt in range(2):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=port,
+                     _system_config={"metrics_report_interval_ms": 1000})
+            return
+        except Exception as err:  # Ray raises a bare Exception for its raylet start timeout
+            ray.shutdown()
+            if attempt or "timed out during startup" not in str(err):
+                raise

@@ -1,0 +1,223 @@
+"""The application's metrics as Prometheus scrapes them: a local Ray whose metrics agent serves Prometheus text on a
+loopback port, the application with API keys behind Ray Serve's gRPC proxy, known traffic (answered calls of two
+tasks over radixserve.v1 and tei.v1, bad input, a missing key), then the scrape:
+
+* `radixserve_requests_total` by task, api and code equals what was sent, INVALID_ARGUMENT and UNAUTHENTICATED
+  included; the computed- and input-token counters equal the sums of the `usage` the answers carried;
+* the compression histogram, the batch counter and each stage histogram have one observation per batch the
+  engine replicas ran (their own count, from `info`);
+* requests split into parts of one prefix key over two engine replicas with `load_factor: 1` spill, and killed
+  IndexBuilders are counted as restarts;
+* every metric the Grafana dashboard (k8s/monitoring/) queries is among those exported;
+* a client's `x-request-id` comes back in the trailing metadata and names the call in the ingress's and the
+  engine replica's log lines (its batch's DEBUG line), so one request can be followed from ingress to batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+import ray
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+
+from deployments.app import build
+from radixserve.tei.v1 import tei_pb2 as tei
+from radixserve.tei.v1.tei_pb2_grpc import RerankStub as TeiRerankStub
+from radixserve.v1 import scoring_pb2 as pb
+from radixserve.v1.scoring_pb2_grpc import ScoringStub
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
+DASHBOARD = ROOT / "k8s" / "monitoring" / "radixserve-dashboard.json"
+KEY = "metrics-key"
+AUTH = [("authorization", f"Bearer {KEY}")]
+TRACE_ID = "trace-metrics-7"
+DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(5)]
+pytestmark = [pytest.mark.serve, pytest.mark.timeout(240)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir, tmp_path_factory, start_local_ray_with_metrics):
+    """(gRPC channel, metrics URL, Serve log directory) of the keyed application, DEBUG logs on."""
+    keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys_file.write_text(KEY + "\n")
+    metrics_port, grpc_port = free_port(), free_port()
+    start_local_ray_with_metrics(metrics_port)
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    try:
+        serve.start(grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS},
+                    http_options={"host": "127.0.0.1", "port": free_port()})
+        serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")), "engine_replicas": 2, "engine_cpus": 0.5,
+                         "ingress_cpus": 0.5, "api_keys_file": str(keys_file), "router": {"load_factor": 1.0},
+                         "max_request_tokens": 150}),
+                  name="radixserve", route_prefix="/", logging_config={"log_level": "DEBUG"})
+        wait_serving(channel)
+        logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+        yield channel, f"http://127.0.0.1:{metrics_port}/metrics", logs
+    finally:
+        channel.close()
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def wait_serving(channel: grpc.Channel, timeout_s: float = 90) -> None:
+    """Until grpc.health.v1 Check (not metered) answers SERVING through the proxy."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, f"the application did not serve within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def send(call, request, metadata=AUTH) -> tuple[str, object, grpc.Call | None]:
+    """(status code name, reply or None, the call) of one unary call."""
+    try:
+        reply, state = call.with_call(request, timeout=60, metadata=metadata)
+        return "OK", reply, state
+    except grpc.RpcError as err:
+        return err.code().name, None, err
+
+
+def scrape(url: str) -> dict[str, list]:
+    """Metric family name -> its samples, from Ray's Prometheus endpoint."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def total(families: dict[str, list], sample_name: str, **labels: str) -> float:
+    """Sum of the samples named `sample_name` whose labels include `labels`."""
+    family = re.sub(r"_(total|count|sum|bucket)$", "", sample_name)
+    return sum(s.value for s in families.get(family, []) + families.get(sample_name, [])
+               if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def by_labels(families: dict[str, list], sample_name: str, keys: tuple[str, ...]) -> Counter:
+    family = re.sub(r"_total$", "", sample_name)
+    counts = Counter()
+    for s in families.get(family, []):
+        if s.name == sample_name:
+            counts[tuple(s.labels[k] for k in keys)] += s.value
+    return counts
+
+
+def dashboard_metrics() -> set[str]:
+    """Every `ray_*` metric name the dashboard's panels query (histogram suffixes stripped)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    return {re.sub(r"_(bucket|count|sum)$", "", name) for e in exprs for name in re.findall(r"\bray_[a-z_]+", e)}
+
+
+def index_builders() -> list[tuple[str, str]]:
+    """(name, namespace) of the live IndexBuilder actors."""
+    return [(a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("index-builder-")]
+
+
+def engine_batches(timeout_s: float = 30) -> int:
+    """Batches both engine replicas ran and did not fail, by their own count (an `info` call reaches one)."""
+    handle = serve.get_app_handle("radixserve")
+    seen = {}
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < 2:
+        info = handle.info.remote().result(timeout_s=30)
+        seen[info["replica"]] = info["batcher"]["num_batches"] - info["batcher"]["num_failed_batches"]
+        assert time.monotonic() < deadline, f"info reached only {len(seen)} of 2 engine replicas"
+    return sum(seen.values())
+
+
+def exported_names(families: dict[str, list]) -> set[str]:
+    return set(families) | {s.name for samples in families.values() for s in samples}
+
+
+def test_exported_metrics_match_the_traffic(served):
+    channel, url, logs = served
+    scoring, tei_rerank = ScoringStub(channel), TeiRerankStub(channel)
+    sent, usages = Counter(), []
+    calls = ([(scoring.Rerank, pb.RerankRequest(query=f"query {i}", documents=DOCS), AUTH) for i in range(3)]
+             + [(scoring.Embed, pb.EmbedRequest(texts=DOCS[:3]), AUTH)] * 2
+             + [(scoring.Rerank, pb.RerankRequest(query="q", documents=[]), AUTH)]  # no documents
+             + [(scoring.Embed, pb.EmbedRequest(texts=DOCS, dimensions=-3), AUTH)]  # a bad dimension
+             + [(scoring.Rerank, pb.RerankRequest(query="q", documents=DOCS), [])] * 2  # no key
+             + [(tei_rerank.Rerank, tei.RerankRequest(query="q", texts=DOCS[:2]), AUTH)])
+    for call, request, metadata in calls:
+        code, reply, _ = send(call, request, metadata)
+        api = "tei_grpc" if isinstance(request, tei.RerankRequest) else "grpc"
+        task = "rerank" if "Rerank" in type(request).__name__ else "embed"
+        sent[(task, api, code)] += 1
+        if code == "OK" and api == "grpc":
+            usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
+    assert {key[2] for key in sent} == {"OK", "INVALID_ARGUMENT", "UNAUTHENTICATED"}, sent
+
+    code, reply, state = send(scoring.Rerank, pb.RerankRequest(query="traced", documents=DOCS[:2]),
+                              AUTH + [("x-request-id", TRACE_ID)])
+    assert code == "OK" and ("x-request-id", TRACE_ID) in tuple(state.trailing_metadata())
+    sent[("rerank", "grpc", "OK")] += 1
+    usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
+
+    burst = [scoring.Rerank.future(pb.RerankRequest(query="one shared query", documents=DOCS), timeout=60,
+                                   metadata=AUTH) for _ in range(8)]  # one key: more than its fair share spills
+    for _ in range(2):  # IndexBuilders killed: the next batch on each replica starts a new one
+        for name, namespace in index_builders():
+            ray.kill(ray.get_actor(name, namespace=namespace))
+        burst += [scoring.Rerank.future(pb.RerankRequest(query=f"after a kill {i}", documents=DOCS[:2]), timeout=60,
+                                        metadata=AUTH) for i in range(4)]
+    for future in burst:
+        reply = future.result()
+        sent[("rerank", "grpc", "OK")] += 1
+        usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
+
+    batches = engine_batches()
+    deadline = time.monotonic() + 60
+    while True:  # the agent exports every second: wait until the last request and batch are in
+        families = scrape(url)
+        counted = by_labels(families, "ray_radixserve_requests_total", ("task", "api", "code"))
+        if (counted == sent and total(families, "ray_radixserve_batch_compression_count") == batches) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert counted == sent
+    assert total(families, "ray_radixserve_request_input_tokens_total", api="grpc") == sum(u[0] for u in usages)
+    assert total(families, "ray_radixserve_request_computed_tokens_total", api="grpc") == sum(u[1] for u in usages)
+    assert sum(u[1] for u in usages) < sum(u[0] for u in usages)  # shared prefixes computed once
+
+    assert batches > 0 and total(families, "ray_radixserve_batch_compression_count") == batches
+    assert total(families, "ray_radixserve_batches_total") == batches
+    for stage in ("queue", "build", "wait", "forward"):
+        assert total(families, "ray_radixserve_batch_stage_seconds_count", stage=stage) == batches, stage
+    assert total(families, "ray_radixserve_queue_tokens") == 0
+    assert total(families, "ray_radixserve_router_keys") >= 1
+    assert total(families, "ray_radixserve_router_spills_total") >= 1
+    assert total(families, "ray_radixserve_index_builder_restarts_total") >= 1
+
+    missing = dashboard_metrics() - exported_names(families)
+    assert not missing, f"the dashboard queries metrics Ray did not export: {sorted(missing)}"
+
+    lines = {path.name: [line for line in path.read_text().splitlines() if TRACE_ID in line]
+             for path in logs.glob("replica_*.log")}
+    assert any("Ingress" in name and any("OK" in line for line in found) for name, found in lines.items()), lines
+    assert any("EngineReplica" in name and any("batch of" in line for line in found)
+               for name, found in lines.items()), lines
