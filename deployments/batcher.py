@@ -3,7 +3,11 @@
     batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=16384, wait_timeout_s=0.01, prepare=build_index)
     result = await batcher.submit(item, num_tokens=n, prefix_key=key)
 
-A batch closes when the waiting items hold `max_batch_tokens` or the oldest has waited `wait_timeout_s`. It is
+A batch closes when the waiting items hold `max_batch_tokens` or the oldest has waited `wait_timeout_s`.
+A request is refused at once (`QueueFullError`, with a retry hint) when the queue holds `max_queued_tokens` or
+`max_queued_items`, or when the work ahead of it (running, prepared and queued tokens at the device's recent
+rate) exceeds `max_queue_wait_s`: under overload the accepted requests keep their latency and the rest are told
+at once when to come back. It is
 filled first with the oldest item's prefix group, then with the other groups in the order their oldest item
 arrived, first fit within the budget; an item larger than the budget runs alone once it is the oldest.
 
@@ -122,7 +126,7 @@ class TokenBudgetBatcher:
     def __init__(self, run_batch: Callable[[Any], Awaitable[Sequence[Any]]], max_batch_tokens: int,
                  wait_timeout_s: float, *, prepare: Callable[[list[Any]], Awaitable[Any]] | None = None,
                  max_queued_tokens: int | None = None, max_queued_items: int | None = None,
-                 observer: BatchObserver | None = None):
+                 max_queue_wait_s: float | None = None, observer: BatchObserver | None = None):
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if wait_timeout_s < 0:
@@ -133,10 +137,12 @@ class TokenBudgetBatcher:
         self.wait_timeout_s = wait_timeout_s
         self.max_queued_tokens = max_queued_tokens
         self.max_queued_items = max_queued_items
+        self.max_queue_wait_s = max_queue_wait_s
         self.observer = observer
         self.stats = BatcherStats()
         self._queue: list[_Waiting] = []  # arrival order
         self._queued_tokens = 0
+        self._inflight_tokens = 0  # taken into a batch that has not finished yet
         self._arrived: asyncio.Event | None = None  # created on the serving loop, at the first submit
         self._handoff: asyncio.Queue | None = None  # the (at most one) prepared batch waiting for the device
         self._tasks: list[asyncio.Task] = []
@@ -185,7 +191,7 @@ class TokenBudgetBatcher:
             self._fail(self._handoff.get_nowait()[0], closed)
         self._fail(self._queue, closed)
         self._queue.clear()
-        self._queued_tokens = 0
+        self._queued_tokens = self._inflight_tokens = 0
         self._queue_changed()
 
     def _check_room(self, num_tokens: int) -> None:
@@ -201,11 +207,20 @@ class TokenBudgetBatcher:
             raise QueueFullError(f"batch queue full: {self._queued_tokens} tokens waiting + {num_tokens} requested "
                                  f"> max_queued_tokens={self.max_queued_tokens}; retry in about {retry:.1f} s, add "
                                  "replicas, split the request, or raise the bound", retry)
+        rate = self.stats.tokens_per_second()
+        if self.max_queue_wait_s is not None and rate:
+            ahead = (self._inflight_tokens + self._queued_tokens) / rate
+            if ahead > self.max_queue_wait_s:
+                retry = ahead - self.max_queue_wait_s
+                raise QueueFullError(f"replica busy: about {ahead:.1f} s of work ahead of this request at its recent "
+                                     f"rate (max_queue_wait_s={self.max_queue_wait_s:g}); retry in about "
+                                     f"{retry:.1f} s, add replicas, or raise the bound", retry)
 
     def _drain_s(self) -> float:
-        """Seconds the device needs for what waits now, at its recent rate (1 s before it has one)."""
+        """Seconds the device needs for what is ahead now (running, prepared and queued), at its recent rate (1 s
+        before it has one)."""
         rate = self.stats.tokens_per_second()
-        return self._queued_tokens / rate if rate else 1.0
+        return (self._inflight_tokens + self._queued_tokens) / rate if rate else 1.0
 
     def _start(self) -> None:
         if not self._tasks:
@@ -295,6 +310,7 @@ class TokenBudgetBatcher:
         batch = [self._queue[i] for i in taken]
         self._queue = [w for i, w in enumerate(self._queue) if i not in chosen]
         self._queued_tokens -= total
+        self._inflight_tokens += total
         self._queue_changed()
         return batch
 
@@ -306,6 +322,7 @@ class TokenBudgetBatcher:
         """Count the batch, tell the observer, and log it: DEBUG when it ran, WARNING (once for all its requests)
         when it failed."""
         self.stats.record(stats)
+        self._inflight_tokens -= stats.num_tokens
         if self.observer is not None:
             self.observer.batch_done(stats)
         ids = ", ".join(stats.request_ids) or "none given"

@@ -54,7 +54,8 @@ class EngineReplica:
         self.batcher = TokenBudgetBatcher(self._run if pipelined else self._build_and_run,
                                           args.max_batch_tokens, args.batch_wait_timeout_s,
                                           prepare=self._build if pipelined else None,
-                                          max_queued_tokens=args.queued_token_bound, observer=self.metrics)
+                                          max_queued_tokens=args.queued_token_bound,
+                                          max_queue_wait_s=args.max_queue_wait_s, observer=self.metrics)
 
     async def submit(self, job: TaskJob, *, prefix_key: str | None = None, num_tokens: int = 1) -> Any:
         """One job's partial result; `prefix_key` and `num_tokens` are the routing contract (deployments.router)."""

@@ -241,9 +241,32 @@ def test_the_retry_hint_is_the_queue_drain_time_at_the_recent_rate():
         assert batcher.queued_tokens == 100
         with pytest.raises(QueueFullError) as refused:
             await batcher.submit("over", 100)
-        assert refused.value.retry_after_s == pytest.approx(batcher.queued_tokens / rate)
+        assert refused.value.retry_after_s == pytest.approx(300 / rate)  # running, prepared and queued
         assert f"retry in about {refused.value.retry_after_s:.1f} s" in str(refused.value)
         await asyncio.gather(*held)
+        await batcher.close()
+
+    run(main())
+
+
+def test_work_ahead_beyond_the_wait_bound_is_refused_with_the_time_until_it_fits():
+    async def main():
+        async def run_batch(items):
+            await asyncio.sleep(0.1)
+            return items
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queue_wait_s=0.15)
+        assert await batcher.submit("warm", 100) == "warm"  # about 1000 tokens/s from now on
+        rate = batcher.stats.tokens_per_second()
+        held = [asyncio.create_task(batcher.submit("running", 100))]
+        await asyncio.sleep(0.01)
+        held.append(asyncio.create_task(batcher.submit("second", 100)))  # 0.1 s ahead of it: accepted
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError, match="max_queue_wait_s=0.15") as refused:
+            await batcher.submit("third", 100)  # 0.2 s ahead
+        assert refused.value.retry_after_s == pytest.approx(200 / rate - 0.15)
+        assert await asyncio.gather(*held) == ["running", "second"]
+        assert await batcher.submit("after", 100) == "after"  # nothing ahead any more
         await batcher.close()
 
     run(main())
