@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from timing import interleaved_medians
+from tqdm import tqdm
 
 from radix_core.engine import Engine
 from radix_core.index import build_radix_index, flatten_sequences
@@ -154,7 +155,7 @@ def _status_kb(field: str) -> int:
 def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
     rows = ["| shape | N | N'/N | mode | time s | speed-up vs off | FLOP bound | achieved/bound | peak MB |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for shape, make in SHAPES.items():
+    for shape, make in tqdm(SHAPES.items(), desc="shapes", unit="shape"):
         sequences = make(np.random.default_rng(0))
         ids, cu = flatten_sequences(sequences)
         index = build_radix_index(ids, cu)
@@ -168,20 +169,20 @@ def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
             memory = peak_memory_mb(model_dir, shape, name if name in MODES else "transformers")
             rows.append(f"| {shape} | {index.num_tokens} | {index.compression:.3f} | {name} | {seconds:.3f} | "
                         f"{speedup:.2f}x | {bound:.2f}x | {speedup / bound:.2f} | {memory:.0f} |")
-            print(rows[-1], flush=True)
+            tqdm.write(rows[-1])
     return rows
 
 
 def sweep(engine, repeats) -> dict[str, list[float]]:
     """Speed-up over `off` against the shared-prefix length (batch 32, suffix 64)."""
     speedups = {"mlp": [], "full": []}
-    for prefix in SWEEP_PREFIXES:
+    for prefix in tqdm(SWEEP_PREFIXES, desc="prefix sweep", unit="length"):
         sequences = synthetic_prefix(np.random.default_rng(1), prefix=prefix)
         times = interleaved_medians({m: (lambda m=m: engine.last_hidden_states(sequences, mode=m))
                             for m in ("off", "mlp", "full")}, repeats)
         for mode in speedups:
             speedups[mode].append(times["off"] / times[mode])
-        print(f"prefix {prefix}: " + ", ".join(f"{m} {v[-1]:.2f}x" for m, v in speedups.items()), flush=True)
+        tqdm.write(f"prefix {prefix}: " + ", ".join(f"{m} {v[-1]:.2f}x" for m, v in speedups.items()))
     return speedups
 
 

@@ -1,7 +1,8 @@
 """Index building: `radix_core.build_radix_index` against the `radix-mlp` package, side by side.
 
 Both get the same uint32 ids, positions and cu_seqlens (radix-mlp's native input); ours also returns the
-compact-attention metadata. Timings are medians over interleaved repetitions in one process.
+compact-attention metadata. Timings are medians over interleaved repetitions in one process. Writes the table and,
+next to it, a plot of build time against N'/N (`index_bench.png`).
 
     python bench/index_bench.py [--repeats 15] [--out bench/results/index_bench.md]
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from radix_mlp import compute_fold_and_scatter
 from timing import interleaved_medians
+from tqdm import tqdm
 
 from radix_core.index import build_radix_index
 
@@ -40,21 +42,42 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = ["| shape | shared | N'/N | radix-mlp ms | ours ms | ours/radix-mlp throughput | numpy fallback ms |",
             "|---|---|---|---|---|---|---|"]
-    for batch, length in SHAPES:
-        for ratio in RATIOS:
-            ids, pos, cu = make_batch(batch, length, ratio, rng)
-            t = interleaved_medians({
-                "rust": lambda: compute_fold_and_scatter(ids, pos, cu),
-                "ours": lambda: build_radix_index(ids, cu, pos),
-                "numpy": lambda: build_radix_index(ids, cu, pos, backend="numpy"),
-            }, args.repeats, warmup=False)
-            compression = build_radix_index(ids, cu, pos).compression
-            rows.append(f"| {batch}x{length} | {ratio:.2f} | {compression:.3f} | {t['rust'] * 1e3:.3f} | "
-                        f"{t['ours'] * 1e3:.3f} | {t['rust'] / t['ours']:.2f}x | {t['numpy'] * 1e3:.3f} |")
-            print(rows[-1], flush=True)
+    points: dict[str, list[tuple[float, dict[str, float]]]] = {}  # shape -> [(N'/N, ms by builder)]
+    grid = [(batch, length, ratio) for batch, length in SHAPES for ratio in RATIOS]
+    for batch, length, ratio in tqdm(grid, desc="index builds", unit="shape"):
+        ids, pos, cu = make_batch(batch, length, ratio, rng)
+        t = interleaved_medians({
+            "rust": lambda: compute_fold_and_scatter(ids, pos, cu),
+            "ours": lambda: build_radix_index(ids, cu, pos),
+            "numpy": lambda: build_radix_index(ids, cu, pos, backend="numpy"),
+        }, args.repeats, warmup=False)
+        compression = build_radix_index(ids, cu, pos).compression
+        points.setdefault(f"{batch}x{length}", []).append((compression, {k: v * 1e3 for k, v in t.items()}))
+        rows.append(f"| {batch}x{length} | {ratio:.2f} | {compression:.3f} | {t['rust'] * 1e3:.3f} | "
+                    f"{t['ours'] * 1e3:.3f} | {t['rust'] / t['ours']:.2f}x | {t['numpy'] * 1e3:.3f} |")
+        tqdm.write(rows[-1])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("# Index building\n\nCommand: `python bench/index_bench.py`\n\n" + "\n".join(rows) + "\n")
-    print(f"wrote {args.out}")
+    args.out.write_text("# Index building\n\nCommand: `python bench/index_bench.py`\n\n" + "\n".join(rows)
+                        + f"\n\n![build time against N'/N]({args.out.with_suffix('.png').name})\n")
+    plot(points, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def plot(points: dict[str, list[tuple[float, dict[str, float]]]], path: Path) -> None:
+    """Build time (ms, log scale) against N'/N, one line per shape and builder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for shape, series in points.items():
+        for builder, style in (("ours", "-o"), ("rust", "--s"), ("numpy", ":^")):
+            ax.plot([c for c, _ in series], [ms[builder] for _, ms in series], style, label=f"{shape} {builder}")
+    ax.set(xlabel="N'/N", ylabel="build time, ms", yscale="log", title="radix index build (CPU)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import ray
 from ray import serve
+from tqdm import tqdm
 
 from deployments.app import build
 from radix_core.tiny_models import make_tiny_model
@@ -116,10 +117,10 @@ def main() -> None:
                                                         ("one replica", 1, "prefix_affinity", "actor"))]
     configs.append(("shuffled", "one replica, index built inline", 1, "prefix_affinity", "inline"))
     results = {}
-    for stream, label, replicas, policy, builder in configs:
+    for stream, label, replicas, policy, builder in tqdm(configs, desc="configurations", unit="config"):
         units, clients = streams[stream]
         results[stream, label] = run_config(model_dir, units, clients, replicas, policy, builder)
-        print(stream, label, results[stream, label], flush=True)
+        tqdm.write(f"{stream} {label} {results[stream, label]}")
     serve.shutdown()
     ray.shutdown()
     write_report(results, args)
@@ -146,8 +147,27 @@ def write_report(results: dict, args) -> None:
             + f"\n\nPipelined IndexBuilder vs inline build, one replica, shuffled stream: {pipelined:.2f}x "
               "throughput.\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    args.out.write_text(text + f"\n![N'/N and throughput per configuration]({args.out.with_suffix('.png').name})\n")
+    plot(results, args.out.with_suffix(".png"))
     print(text)
+
+
+def plot(results: dict, path: Path) -> None:
+    """Throughput and (where measured) N'/N of each configuration, one group of bars per stream."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [f"{stream}: {label}" for stream, label in results]
+    fig, (speed, ratio) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    speed.barh(names, [r["docs_per_s"] for r in results.values()])
+    speed.set(xlabel="documents/s")
+    ratio.barh(names, [r.get("compression", 0.0) for r in results.values()])
+    ratio.set(xlabel="N'/N (lower: more shared)", xlim=(0, 1))
+    fig.suptitle("routing and pipelining (tiny Qwen3 reranker, CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

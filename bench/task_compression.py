@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from radix_core.engine import Engine
 from radix_core.index import build_radix_index, flatten_sequences
@@ -76,7 +77,7 @@ def measure(engine: Engine, requests: list[Request]) -> dict:
     index = build_radix_index(*flatten_sequences(batch))
     forward = engine.forward(batch, mode="full")
     assert (forward.num_tokens, forward.num_computed) == (index.num_tokens, index.num_compact)
-    per_request = [engine.rerank(r.query, r.passages).usage for r in requests]
+    per_request = [engine.rerank(r.query, r.passages).usage for r in tqdm(requests, desc="rerank calls", unit="call")]
     common = len(os.path.commonprefix(batch))  # tokens every sequence shares: system prompt and instruction
     suffix = len(engine.prompts.encode(QWEN3_RERANKER.suffix))
     return {
@@ -124,10 +125,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine.from_pretrained(str(make_tiny_model(Path(tmp) / "qwen3", "qwen3", "causal_lm")),
                                         device="cpu", radix="full")
-        text = report(measure(engine, msmarco_requests(engine.prompts, args.seed)), args.seed)
+        measured = measure(engine, msmarco_requests(engine.prompts, args.seed))
+        text = report(measured, args.seed)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    picture = args.out.with_suffix(".png")
+    args.out.write_text(text + f"\n![N'/N of the batch and of the calls]({picture.name})\n", encoding="utf-8")
+    plot(measured, picture)
+
+
+def plot(m: dict, path: Path) -> None:
+    """N'/N as bars: one batch of 64 sequences against 8 rerank calls of 8."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.5))
+    ax.barh(["one batch of 64 sequences", "8 rerank calls of 8 passages"],
+            [m["n_compact"] / m["n"], m["request_compact"] / m["request_n"]])
+    ax.set(xlabel="N'/N (rows computed over tokens)", xlim=(0, 1), title="MS MARCO-shaped rerank, Qwen3 prompt")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 
+from radixserve.batch_jobs import add_subcommand as _add_batch_jobs
 from radixserve.launcher import add_subcommand as _add_serve
 
 TINY_ARCHS = ("qwen3", "qwen2", "llama", "mistral")
@@ -129,7 +130,7 @@ def _run_client_command(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUBCOMMANDS = (_add_make_tiny_model, _add_client_commands, _add_serve)
+_SUBCOMMANDS = (_add_make_tiny_model, _add_client_commands, _add_batch_jobs, _add_serve)
 
 if __name__ == "__main__":
     sys.exit(main())
