@@ -93,7 +93,8 @@ def _add_client_command(subparsers: argparse._SubParsersAction, method) -> None:
     parser.add_argument("--address", default="localhost:9000", help="HOST:PORT of the server (default: %(default)s)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                         help=f"API key, sent as 'authorization: Bearer KEY' (default: ${API_KEY_ENV})")
-    parser.add_argument("--timeout", type=float, default=30.0, help="deadline of the call, retries included, in seconds (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="deadline of the call, retries included, in seconds (default: %(default)s)")
     fields = parser.add_argument_group("request fields")
     for field in method.input_type.fields:
         _add_field_option(fields, field)

@@ -44,14 +44,16 @@ def start_local_ray() -> Callable[[], None]:
     return _start_local_ray
 
 
-def _start_local_ray() -> None:
-    """Ray waits a fixed 30 s for a new raylet to register; the first start on a fresh install, under load, can
+def _start_local_ray(**options) -> None:
+    """A new 2-CPU local Ray (`address="local"`: never another process's cluster), with `ray.init` `options`.
+
+    Ray waits a fixed 30 s for a new raylet to register; the first start on a fresh install, under load, can
     take longer, so a start that timed out is retried once."""
     import ray
 
     for attempt in range(2):
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, **options)
             return
         except Exception as err:  # Ray raises a bare Exception for this timeout
             ray.shutdown()
@@ -68,14 +70,4 @@ def start_local_ray_with_metrics() -> Callable[[int], None]:
 
 
 def _start_local_ray_with_metrics(port: int) -> None:
-    import ray
-
-    for attempt in range(2):
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=port,
-                     _system_config={"metrics_report_interval_ms": 1000})
-            return
-        except Exception as err:  # Ray raises a bare Exception for its raylet start timeout
-            ray.shutdown()
-            if attempt or "timed out during startup" not in str(err):
-                raise
+    _start_local_ray(_metrics_export_port=port, _system_config={"metrics_report_interval_ms": 1000})

@@ -207,8 +207,8 @@ def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
         group_cu.append(len(sequences))
     queries = HeadQuery(np.array(query_seq, dtype=np.int64), np.array(query_pos, dtype=np.int64),
                         targets=np.array(targets, dtype=np.int64))
-    return (TokenSequences.from_lists(sequences), len(encoded.shared_ids), np.array(group_cu, dtype=np.int64), group_size,
-            queries, np.array(item_cu, dtype=np.int64))
+    return (TokenSequences.from_lists(sequences), len(encoded.shared_ids), np.array(group_cu, dtype=np.int64),
+            group_size, queries, np.array(item_cu, dtype=np.int64))
 
 
 def _check_continuations(what: str, texts: Sequence[str], max_items: int) -> None:
