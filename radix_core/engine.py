@@ -4,7 +4,8 @@
     states = engine.hidden_states([[1, 2, 3], [1, 2, 4]])  # each (L_i, hidden), final-normed
     ranked = engine.rerank("what is a radix tree", ["A trie ...", "Bread ..."]).results
 
-The text tasks (`rerank`, `embed`, `classify`, `score`) live in `radix_core.tasks`; the methods here delegate.
+The text tasks (`rerank`, `embed`, `classify`, `score`, `predict`) live in `radix_core.tasks`; the methods here
+delegate.
 
 Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on compact rows), "full"
 (attention in compact space too), "auto" (per batch: "full" when the compression `N'/N` is at most
@@ -26,6 +27,7 @@ from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_
 from radix_core.forward import plan_compact, plan_ragged, run_layers
 from radix_core.forward_result import ForwardResult
 from radix_core.tasks import TaskConfig, TaskContext, TaskJob, finish_jobs, task_of
+from radix_core.tasks.context import task_context
 from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 from radix_core.tokens import TokenSequences
 
@@ -83,8 +85,7 @@ class Engine:
     @property
     def context(self) -> TaskContext:
         """What the CPU half of the text tasks reads (`Task.encode`), picklable, no weights."""
-        return TaskContext(self.model, self.arch.family, self.arch.head, self.arch.hidden_size, self.arch.max_seq_len,
-                           self.arch.config.num_labels, self.prompts, self.task_config)
+        return task_context(self.model, self.arch.config, self.prompts, self.task_config)
 
     @property
     def limits(self) -> BatchLimits:
@@ -154,18 +155,21 @@ class Engine:
         return finish_jobs(self.run(prepared), jobs)
 
     def rerank(self, query: str, documents: Sequence[str], instruction: str | None = None, top_n: int | None = None,
-               return_documents: bool = False, raw_scores: bool = False,
-               truncate: bool = True) -> text_tasks.RerankResult:
+               return_documents: bool = False, raw_scores: bool = False, truncate: bool = True,
+               max_document_tokens: int | None = None,
+               truncation_direction: str = "right") -> text_tasks.RerankResult:
         """`documents` by relevance to `query`, best first (`radix_core.tasks.rerank`)."""
         return self._run_task("rerank", query=query, documents=documents, instruction=instruction, top_n=top_n,
-                              return_documents=return_documents, raw_scores=raw_scores, truncate=truncate)
+                              return_documents=return_documents, raw_scores=raw_scores, truncate=truncate,
+                              max_document_tokens=max_document_tokens, truncation_direction=truncation_direction)
 
     def embed(self, texts: Sequence[str], instruction: str | None = None, normalize: bool = True,
-              dimensions: int | None = None, truncate: bool = True,
-              pooling: str = "last") -> text_tasks.EmbedResult:
+              dimensions: int | None = None, truncate: bool = True, pooling: str = "last",
+              max_text_tokens: int | None = None, truncation_direction: str = "right") -> text_tasks.EmbedResult:
         """(n, d) embeddings of `texts` (`radix_core.tasks.embed`)."""
         return self._run_task("embed", texts=texts, instruction=instruction, normalize=normalize,
-                              dimensions=dimensions, truncate=truncate, pooling=pooling)
+                              dimensions=dimensions, truncate=truncate, pooling=pooling,
+                              max_text_tokens=max_text_tokens, truncation_direction=truncation_direction)
 
     def classify(self, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
                  template: str | Callable[[str], str] | None = None) -> text_tasks.ClassifyResult:
@@ -175,6 +179,12 @@ class Engine:
     def score(self, context: str, continuations: Sequence[str]) -> text_tasks.ScoreResult:
         """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring`)."""
         return self._run_task("score", context=context, continuations=continuations)
+
+    def predict(self, inputs: Sequence[str], raw_scores: bool = False, truncate: bool = True,
+                truncation_direction: str = "right") -> text_tasks.PredictResult:
+        """Per input the sequence-classification head's labels, best first (`radix_core.tasks.predict`)."""
+        return self._run_task("predict", inputs=inputs, raw_scores=raw_scores, truncate=truncate,
+                              truncation_direction=truncation_direction)
 
     def _run_task(self, name: str, **request):
         """One request of task `name` as a batch of its own."""

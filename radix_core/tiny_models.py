@@ -108,13 +108,15 @@ def make_tiny_model(
     head_dim: int | None = None,
     vocab_size: int | None = None,
     max_position_embeddings: int = 2048,
+    num_labels: int = 1,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Write a random-weight `arch` model with a `head` and its tokenizer to `out_dir`; return the path.
 
-    `head` picks XxxForCausalLM, XxxForSequenceClassification (one label, pad_token_id set so
-    batches pool the last real token) or XxxModel. `head_dim=None` takes the family default (see
+    `head` picks XxxForCausalLM, XxxForSequenceClassification (`num_labels` outputs named
+    LABEL_0.., pad_token_id set so batches pool the last real token) or XxxModel.
+    `head_dim=None` takes the family default (see
     the module docstring); `vocab_size=None` takes len(tokenizer) rounded up to 64. The same
     arguments and seed give the same weights. Writes safetensors and leaves the global RNG alone.
     """
@@ -124,7 +126,7 @@ def make_tiny_model(
     config = _make_config(
         arch, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_kv_heads, intermediate_size=intermediate_size, head_dim=head_dim,
-        vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+        vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, num_labels=num_labels,
     )
     model = _build_model(arch, head, config, seed).to(dtype)
     out_dir = Path(out_dir)
@@ -176,7 +178,8 @@ def _check_single_tokens(tokenizer: Tokenizer) -> None:
 
 def _make_config(arch: str, tokenizer: PreTrainedTokenizerFast, *, hidden_size: int, num_layers: int,
                  num_heads: int, num_kv_heads: int, intermediate_size: int, head_dim: int | None,
-                 vocab_size: int | None, max_position_embeddings: int) -> transformers.PreTrainedConfig:
+                 vocab_size: int | None, max_position_embeddings: int,
+                 num_labels: int) -> transformers.PreTrainedConfig:
     """The family's config class filled with the shared sizes, the family traits and the token ids."""
     traits = _ARCH_TRAITS[arch]
     config_cls = getattr(transformers, f"{traits.class_prefix}Config")
@@ -195,7 +198,7 @@ def _make_config(arch: str, tokenizer: PreTrainedTokenizerFast, *, hidden_size: 
         bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        num_labels=1,
+        num_labels=num_labels,
         **_head_dim_kwargs(arch, hidden_size, num_heads, head_dim),
         **traits.config_extras,
     )

@@ -27,20 +27,22 @@ rest of `shared` (the Qwen3-Reranker's `"<Document>: "`) is tokenized together w
 start of `suffix` up to its first safe point. Both rules are checked once per tokenizer on adversarial probe
 strings (`_probe_*`), the newline rule with and without special tokens; a rule that fails (e.g. a SentencePiece
 tokenizer that prepends "▁" to every piece) is not used, so such a tokenizer gets fewer shared ids but still
-exact sequences. Truncation cuts only the varying text, at a token boundary of its own encoding, and
-re-tokenizes until the sequence fits.
+exact sequences. Truncation cuts only the varying text, at a token boundary of its own encoding, keeping its
+start (`truncation_direction="right"`, the default) or its end (`"left"`), and re-tokenizes the kept text in its
+prompt until the sequence fits; `max_item_tokens` cuts a varying text to that many tokens of its own the same way.
+The result is always the tokenizer's encoding of the prompt holding the kept text.
 
 An item's cost is bounded by the token limit: no token covers more than `_chars_per_token` characters (the
 longest vocabulary entry, checked on probes that a normalizer could collapse), so a text of more than
-`_chars_per_token * (limit + 1)` characters cannot fit. Such a text is cut to that many characters before it is
-tokenized (truncation then proceeds as for any long text) or refused without tokenizing it whole; a text that
-fits is never cut.
+`_chars_per_token * (limit + 1)` characters cannot fit. Such a text is cut to that many characters (on the side
+truncation cuts) before it is tokenized (truncation then proceeds as for any long text) or refused without
+tokenizing it whole; a text that fits is never cut. `max_item_tokens` bounds it the same way.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +52,7 @@ from transformers import AutoTokenizer
 from radix_core.architectures import model_load_error
 from radix_core.templates import PromptParts, Text, joined, user_text
 
+TRUNCATION_DIRECTIONS = ("right", "left")  # the side of a varying text truncation cuts: its end, or its start
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _NEWLINE_LEFTS = ("x\n", "x?\n", "x \n", "x\n\n", "é\n", "x\r\n", "1\n", " \n", ":\n")
 _NEWLINE_RIGHTS = ("<D y", "Query: x", "a b", "\u0301x", "中文", "12", "'s x", "?\n", "x\n\n", "<|im_end|>")
@@ -159,9 +162,11 @@ class PromptTokenizer:
         return ids[0]
 
     def encode_prompts(self, parts: PromptParts, limit: int, truncate: bool, end_ids: Sequence[int] = (),
-                       what: str = "item", *, special_tokens_in_user_text: bool = False) -> EncodedBatch:
+                       what: str = "item", *, special_tokens_in_user_text: bool = False,
+                       truncation_direction: str = "right", max_item_tokens: int | None = None) -> EncodedBatch:
         """`leading + encode(shared + varying[i] + suffix) + end_ids` per item, equal to encoding the whole
-        string, with the shared part's ids computed once. See `_encode_layout` for `limit` and `truncate`."""
+        string, with the shared part's ids computed once. See `_encode_layout` for `limit`, `truncate`,
+        `truncation_direction` ("right" or "left") and `max_item_tokens`."""
         trust = special_tokens_in_user_text
         shared, suffix = self._mark(parts.shared, trust), self._mark(parts.suffix, trust)
         self._check_fixed_chars(len(shared.text) + len(suffix.text), limit, what)
@@ -169,18 +174,21 @@ class PromptTokenizer:
         m = self._first_safe_point(suffix)
         shared_ids, suffix_ids = self._encode_marked([shared.cut(0, k), suffix.cut(m)], trust)
         layout = _Layout(self.leading_ids + shared_ids, shared.cut(k), suffix.cut(0, m), suffix_ids + list(end_ids))
-        return self._encode_layout(layout, parts.varying, limit, truncate, what, trust)
+        return self._encode_layout(layout, parts.varying, limit, truncate, what, trust, truncation_direction,
+                                   max_item_tokens)
 
     def encode_pairs(self, first: str, seconds: Sequence[str], limit: int, truncate: bool, what: str = "item", *,
-                     special_tokens_in_user_text: bool = False) -> EncodedBatch:
+                     special_tokens_in_user_text: bool = False, truncation_direction: str = "right",
+                     max_item_tokens: int | None = None) -> EncodedBatch:
         """`tokenizer(first, seconds[i])` per item (the pair's special tokens included); truncation cuts
-        `seconds[i]`. Both texts are the user's."""
+        `seconds[i]` (see `_encode_layout`). Both texts are the user's."""
         trust = special_tokens_in_user_text
         self._check_fixed_chars(len(first), limit, what)
         lead, mid, tail = self._pair_affixes
         (first_ids,) = self._encode_marked([self._mark(user_text(first), trust)], trust)
         layout = _Layout(lead + first_ids + mid, _Marked(""), _Marked(""), tail)
-        return self._encode_layout(layout, seconds, limit, truncate, what, trust)
+        return self._encode_layout(layout, seconds, limit, truncate, what, trust, truncation_direction,
+                                   max_item_tokens)
 
     def encode_continuations(self, parts: PromptParts, continuations: Sequence[str], limit: int,
                              what: str = "continuation", context_what: str | None = None, *,
@@ -224,54 +232,70 @@ class PromptTokenizer:
         return EncodedContinuations(shared_ids, rows)
 
     def _encode_layout(self, layout: _Layout, varying: Sequence[str], limit: int, truncate: bool, what: str,
-                       trust: bool) -> EncodedBatch:
-        """Sequences of `layout` with at most `limit` tokens each. A longer one raises a ValueError naming the
-        item, its length and the limit, unless `truncate`, which cuts its varying text; when the rest of the
-        prompt alone exceeds the limit it raises either way. A text over the character bound is cut to it
-        first: it cannot fit, and its error gives a lower bound of its length."""
+                       trust: bool, direction: str, max_item_tokens: int | None) -> EncodedBatch:
+        """Sequences of `layout` with at most `limit` tokens each. A varying text of more than `max_item_tokens`
+        tokens of its own is cut to that many first. A longer sequence raises a ValueError naming the item, its
+        length and the limit, unless `truncate`, which cuts its varying text; when the rest of the prompt alone
+        exceeds the limit it raises either way. Cuts keep the start of the text (`direction` "right": the end is
+        cut) or its end ("left"). A text over the character bound of either limit is cut to it first, on the same
+        side: it cannot fit, and its error gives a lower bound of its length."""
         fixed = len(layout.shared_ids) + len(layout.suffix_ids)
-        bound = self._char_bound(limit)
-        texts = [text[:bound] for text in varying]
+        bound = self._char_bound(limit if max_item_tokens is None else min(limit, max_item_tokens))
+        texts = [_keep_chars(text, bound, direction) for text in varying]
+        capped = [False] * len(texts)
+        if max_item_tokens is not None:
+            for i, (text, ids) in enumerate(zip(texts, self._encode_marked([self._mark(user_text(t), trust)
+                                                                            for t in texts], trust))):
+                if len(ids) > max_item_tokens:
+                    texts[i] = self._cut(text, ids, max_item_tokens, lambda piece: self._encode_marked(
+                        [self._mark(user_text(piece), trust)], trust)[0], direction, trust)[0]
+                    capped[i] = True
         middles = self._encode_marked([layout.head + self._mark(user_text(text), trust) + layout.tail
                                        for text in texts], trust)
         sequences, truncated = [], []
         for i, (text, middle) in enumerate(zip(texts, middles)):
             too_long = fixed + len(middle) > limit
             if too_long and not truncate:
-                at_least = self._tokens_at_least(len(varying[i]), limit)
+                at_least = self._tokens_at_least(len(text if capped[i] else varying[i]), limit)
                 count = f"at least {fixed + at_least}" if at_least else f"{fixed + len(middle)}"
                 raise ValueError(f"{what} {i} gives a sequence of {count} tokens; the limit is {limit}: shorten it "
                                  f"or pass truncate=True")
             if too_long:
-                middle = self._fit(layout, text, middle, limit, i, what, trust)
+                middle = self._fit(layout, text, middle, limit, i, what, trust, direction)
             sequences.append(layout.shared_ids + middle + layout.suffix_ids)
-            truncated.append(too_long)
+            truncated.append(too_long or capped[i])
         return EncodedBatch(layout.shared_ids, sequences, truncated)
 
-    def _fit(self, layout: _Layout, text: str, middle: list[int], limit: int, index: int, what: str,
-             trust: bool) -> list[int]:
-        """The middle ids `encode(head + text[:cut] + tail)` for the longest cut at a token start of `text` that
-        keeps the sequence within `limit`; `middle` is the uncut encoding.
-
-        Cutting at a token start and re-tokenizing can give a few more tokens than kept (a word cut short
-        splits differently), so cut again by the excess until it fits; the empty cut is checked to fit first.
-        """
+    def _fit(self, layout: _Layout, text: str, middle: list[int], limit: int, index: int, what: str, trust: bool,
+             direction: str) -> list[int]:
+        """The middle ids `encode(head + piece + tail)` for the longest `piece` of `text` (`_cut`) that keeps the
+        sequence within `limit`; `middle` is the uncut encoding. The empty piece is checked to fit first."""
         fixed = len(layout.shared_ids) + len(layout.suffix_ids)
         budget = limit - fixed
         (empty,) = self._encode_marked([layout.head + layout.tail], trust)
         if len(empty) > budget:
             raise ValueError(f"{what} {index}: the prompt without it already has {fixed + len(empty)} tokens; the "
                              f"limit is {limit}: shorten the shared part (query, instruction) or raise the limit")
-        starts = [start for start, _ in self._offsets(text, trust)] + [len(text)]
-        keep, ids = len(starts) - 1, middle
+        return self._cut(text, middle, budget, lambda piece: self._encode_marked(
+            [layout.head + self._mark(user_text(piece), trust) + layout.tail], trust)[0], direction, trust)[1]
+
+    def _cut(self, text: str, ids: list[int], budget: int, encode: Callable[[str], list[int]], direction: str,
+             trust: bool) -> tuple[str, list[int]]:
+        """The longest piece of user text `text` cut at a token start of its own encoding, keeping its start
+        (`direction` "right") or its end ("left"), whose `encode(piece)` has at most `budget` ids, and those ids;
+        `ids` is `encode(text)` and `encode("")` must fit.
+
+        Cutting at a token start and re-tokenizing can give a few more tokens than kept (a word cut short splits
+        differently), so cut again by the excess until it fits.
+        """
+        starts = [start for start, _ in self._offsets(text, trust)] + [len(text)]  # (n+1,)
+        n = len(starts) - 1
+        keep, piece = n, text
         while len(ids) > budget:
             keep = max(0, keep - (len(ids) - budget))
-            if keep:
-                (ids,) = self._encode_marked([layout.head + self._mark(user_text(text[:starts[keep]]), trust)
-                                              + layout.tail], trust)
-            else:
-                ids = empty
-        return ids
+            piece = "" if not keep else text[:starts[keep]] if direction == "right" else text[starts[n - keep]:]
+            ids = encode(piece)
+        return piece, ids
 
     def _check_fixed_chars(self, chars: int, limit: int, what: str) -> None:
         """Refuse, before tokenizing it, a shared part (query, instruction) too long for any item to fit."""
@@ -413,6 +437,24 @@ def _plain_copy(tokenizer) -> Tokenizer:
     plain.no_padding()
     plain.encode_special_tokens = True
     return plain
+
+
+def check_truncation(truncation_direction: str, cap_name: str | None = None, cap: int | None = None) -> None:
+    """A task's truncation arguments: `truncation_direction` is one of `TRUNCATION_DIRECTIONS`; a per-item token
+    cap (the argument `cap_name`), when given, is a whole number of at least 1."""
+    if truncation_direction not in TRUNCATION_DIRECTIONS:
+        raise ValueError(f"unknown truncation_direction {truncation_direction!r}: choose one of "
+                         f"{', '.join(TRUNCATION_DIRECTIONS)} (the side of a text that is cut)")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"{cap_name} must be a whole number of tokens, at least 1, got {cap!r}: or leave it unset "
+                         "for no cap")
+
+
+def _keep_chars(text: str, bound: int | None, direction: str) -> str:
+    """`text` cut to `bound` characters (None: no bound), keeping its start ("right") or its end ("left")."""
+    if bound is None or len(text) <= bound:
+        return text
+    return text[:bound] if direction == "right" else text[len(text) - bound:]
 
 
 def _gaps(text: _Marked) -> list[str]:

@@ -20,7 +20,8 @@ from deployments.grpc_codec import SERVICE, from_pb, info_to_pb, to_pb
 from deployments.grpc_status import status_of
 from radix_core import Engine
 from radix_core.tasks import (
-    TASKS, ClassifyResult, ContinuationScore, EmbedResult, RerankHit, RerankResult, ScoreResult, Usage,
+    TASKS, ClassifyResult, ContinuationScore, EmbedResult, LabelScore, PredictResult, RerankHit, RerankResult,
+    ScoreResult, Usage,
 )
 from radixserve.client import ScoringClient, to_dict
 from radixserve.v1 import scoring_pb2 as pb
@@ -73,7 +74,10 @@ def test_results_become_responses():
 
     score = to_pb(TASKS["score"], ScoreResult([ContinuationScore(0, -3.0, -1.5, 2)], USAGE))
     assert (score.scores[0].logprob, score.scores[0].mean_logprob, score.scores[0].num_tokens) == (-3.0, -1.5, 2)
-    assert [type(m).__name__ for m in (rerank, embed, classify, score)] == [
+
+    predict = to_pb(TASKS["predict"], PredictResult([[LabelScore("b", 0.75), LabelScore("a", 0.25)]], USAGE))
+    assert [[(s.label, s.score) for s in r.scores] for r in predict.results] == [[("b", 0.75), ("a", 0.25)]]
+    assert [type(m).__name__ for m in (rerank, embed, classify, score, predict)] == [
         f"{task.rpc}Response" for task in TASKS.values()]
 
 

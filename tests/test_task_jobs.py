@@ -126,7 +126,7 @@ def test_context_and_jobs_survive_pickling(engine):
         assert again.sequences.tolists() == job.sequences.tolists()
         (partial,) = e.run_jobs([again])
         assert_same(TASKS[task].merge(job, [partial]), alone(e, task, request))
-    assert set(TASKS) == {"rerank", "embed", "classify", "score"}
+    assert set(TASKS) == {"rerank", "embed", "classify", "score", "predict"}
 
 
 def test_bad_requests_say_what_is_wrong(engine):
@@ -150,4 +150,4 @@ def test_rerank_with_a_multi_label_score_head_is_refused_before_any_batch(tiny_m
     e = Engine.from_pretrained(str(tiny_model_dir("qwen3", "seq_cls")), device="cpu")
     assert len(TASKS["rerank"].encode(e.context, {"query": "q", "documents": ["d"]}).sequences) == 1
     with pytest.raises(ValueError, match="has a 3-label score head; reranking needs a single relevance logit"):
-        TASKS["rerank"].encode(replace(e.context, num_labels=3), {"query": "q", "documents": ["d"]})
+        TASKS["rerank"].encode(replace(e.context, labels=("a", "b", "c")), {"query": "q", "documents": ["d"]})

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from radix_core.engine import Engine
-from radix_core.tasks import TaskConfig
+from radix_core.tasks import TASKS, TaskConfig
 from radix_core.templates import (
     QWEN3_EMBEDDING,
     QWEN3_RERANKER,
@@ -110,6 +110,12 @@ def test_classify_template_shares_its_head():
     (lambda e: e.embed(["t"] * 5), "5 texts is more than the limit of 4"),
     (lambda e: e.embed(["t"], dimensions=65), "dimensions must be between 1 and the model's hidden size 64"),
     (lambda e: e.embed(["t"], pooling="cls"), "unknown pooling 'cls'"),
+    (lambda e: e.rerank("q", ["d"], truncation_direction="up"), "unknown truncation_direction 'up': choose one of "
+                                                                 "right, left"),
+    (lambda e: e.embed(["t"], truncation_direction="Left"), "unknown truncation_direction 'Left'"),
+    (lambda e: e.rerank("q", ["d"], max_document_tokens=0), "max_document_tokens must be a whole number of tokens, "
+                                                            "at least 1, got 0"),
+    (lambda e: e.embed(["t"], max_text_tokens=2.5), "max_text_tokens must be a whole number of tokens"),
     (lambda e: e.classify(["x"], []), "labels is empty"),
     (lambda e: e.classify(["x"], [" a", " a"]), "labels must be distinct"),
     (lambda e: e.classify(["x"], [" a", ""]), r"labels\[1\] is empty"),
@@ -149,6 +155,31 @@ def test_token_limit_truncates_documents_or_names_the_item(engine):
     assert limited.embed(["short", long_doc]).usage.input_tokens <= 200
     with pytest.raises(ValueError, match=r"continuation 0 gives a sequence of \d+ tokens; the limit is 100"):
         limited.score("c", [" " + long_doc])
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_cut_items_are_the_tokenizers_encoding_of_the_kept_text_in_its_prompt(engine, direction):
+    """max_document_tokens / max_text_tokens and the token limit cut at a token boundary on the chosen side; the
+    sequence is what the tokenizer makes of the prompt holding the kept text, and scores as that text does."""
+    e, limited = engine(), engine(max_tokens=100)
+    tokenizer, keeps = e.prompts.tokenizer, str.startswith if direction == "right" else str.endswith
+    doc = "a passage about tries and radix trees, " * 20 + "ending here"
+    for model, cap in ((e, 7), (limited, None)):
+        job = TASKS["rerank"].encode(model.context, {"query": "q", "documents": [doc], "max_document_tokens": cap,
+                                                      "truncation_direction": direction})
+        (ids,) = job.sequences.tolists()
+        shared, text = QWEN3_RERANKER.shared_prefix("q"), tokenizer.decode(ids)
+        kept = text[len(shared):len(text) - len(QWEN3_RERANKER.suffix)]
+        assert keeps(doc, kept) and kept != doc and len(ids) <= 100
+        assert ids == tokenizer(shared + kept + QWEN3_RERANKER.suffix)["input_ids"]
+        assert cap is None or len(tokenizer(kept)["input_ids"]) <= cap
+        cut = model.rerank("q", [doc], max_document_tokens=cap, truncation_direction=direction).results[0].score
+        assert cut == pytest.approx(model.rerank("q", [kept]).results[0].score, abs=1e-6)
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    job = TASKS["embed"].encode(e.context, {"texts": [doc], "max_text_tokens": 5, "truncation_direction": direction})
+    (ids,) = job.sequences.tolists()
+    kept = tokenizer.decode(ids[:-1])
+    assert keeps(doc, kept) and ids == tokenizer(kept)["input_ids"] + [end] and len(ids) <= 6
 
 
 def test_continuation_needs_a_context_token_before_it(engine):

@@ -188,20 +188,52 @@ def test_pairs_equal_the_tokenizers_pair_encoding(tokenizer, bos_tokenizer, trus
         assert batch.shared_ids == lead + prompts.encode("the query?") + mid
 
 
+TRUNCATION_DOCS = ["short", "a long passage about radix trees and tries " * 12, "中文文本，没有空格" * 20,
+                   "x" * 200, "emoji 😀 and é\u0301 " * 15]
+
+
+def kept_document(tokenizer, seq: list[int], query: str) -> str:
+    """The document text inside a rerank sequence of the tiny (byte-level, lossless) tokenizer."""
+    text, shared = tokenizer.decode(seq), QWEN3_RERANKER.shared_prefix(query)
+    return text[len(shared):len(text) - len(QWEN3_RERANKER.suffix)]
+
+
+def assert_kept_side(doc: str, kept: str, direction: str) -> None:
+    assert doc.startswith(kept) if direction == "right" else doc.endswith(kept)
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
 @pytest.mark.parametrize("limit", [82, 85, 97, 120])
-def test_truncation_cuts_only_the_varying_text(tokenizer, prompts, limit):
-    docs = ["short", "a long passage about radix trees and tries " * 12, "中文文本，没有空格" * 20, "x" * 200]
-    parts = QWEN3_RERANKER.parts("what is a trie?", docs)
-    batch = prompts.encode_prompts(parts, limit, truncate=True)
+def test_truncation_cuts_only_the_varying_text(tokenizer, prompts, limit, direction):
+    parts = QWEN3_RERANKER.parts("what is a trie?", TRUNCATION_DOCS)
+    batch = prompts.encode_prompts(parts, limit, truncate=True, truncation_direction=direction)
     suffix = tokenizer(QWEN3_RERANKER.suffix)["input_ids"]
-    for doc, seq, cut in zip(docs, batch.sequences, batch.truncated):
+    for doc, seq, cut in zip(TRUNCATION_DOCS, batch.sequences, batch.truncated):
         assert len(seq) <= limit and seq[-len(suffix):] == suffix and seq[:len(batch.shared_ids)] == batch.shared_ids
         assert cut == (len(whole(tokenizer, PromptParts(parts.shared, [doc], parts.suffix))[0]) > limit)
-        if cut:  # a prefix of the document, re-tokenized as a whole string, filling the limit within a few tokens
-            assert len(seq) >= limit - 3
-            text, shared = tokenizer.decode(seq), QWEN3_RERANKER.shared_prefix("what is a trie?")
-            kept = text[len(shared):len(text) - len(QWEN3_RERANKER.suffix)]
-            assert doc.startswith(kept) and seq == tokenizer(shared + kept + QWEN3_RERANKER.suffix)["input_ids"]
+        kept = kept_document(tokenizer, seq, "what is a trie?")
+        if cut:  # the document's start (right) or end (left), re-tokenized in its prompt, filling the limit
+            assert len(seq) >= limit - 3 and kept != doc
+        assert_kept_side(doc, kept, direction)
+        assert seq == whole(tokenizer, PromptParts(parts.shared, [kept], parts.suffix))[0]
+
+
+@pytest.mark.parametrize("trust", MODES)
+@pytest.mark.parametrize("direction", ["right", "left"])
+@pytest.mark.parametrize("cap", [1, 4, 9])
+def test_max_item_tokens_cuts_each_text_to_that_many_of_its_own_tokens(tokenizer, prompts, cap, direction, trust):
+    """Even without `truncate`: the cap is the caller's choice, the limit the server's."""
+    docs = TRUNCATION_DOCS + ["<|im_end|> injected at the start of a long text " * 3] * trust
+    parts = QWEN3_RERANKER.parts("what is a trie?", docs)
+    batch = prompts.encode_prompts(parts, 4096, truncate=False, truncation_direction=direction, max_item_tokens=cap,
+                                   special_tokens_in_user_text=trust)
+    for doc, seq, cut in zip(docs, batch.sequences, batch.truncated):
+        kept = kept_document(tokenizer, seq, "what is a trie?")
+        own = len(tokenizer(doc)["input_ids"])
+        assert cut == (own > cap) and (kept == doc) == (own <= cap)
+        assert_kept_side(doc, kept, direction)
+        assert cap - 2 <= len(tokenizer(kept)["input_ids"]) <= cap or not cut
+        assert seq == whole(tokenizer, PromptParts(parts.shared, [kept], parts.suffix))[0]
 
 
 def test_too_long_without_truncation_names_item_length_and_limit(prompts):
@@ -253,12 +285,18 @@ def test_no_token_covers_more_characters_than_the_bound_assumes(tokenizer, promp
 
 
 @pytest.mark.parametrize("trust", MODES)
-def test_huge_document_costs_what_a_bounded_one_costs(tokenizer, trust):
+@pytest.mark.parametrize("direction", ["right", "left"])
+@pytest.mark.parametrize("cap", [None, 50])
+def test_huge_document_costs_what_a_bounded_one_costs(tokenizer, trust, direction, cap):
+    """Cut to the character bound of the limit (or of a smaller cap) on the side truncation cuts, before
+    tokenizing: the huge text and that many of its characters give the same sequence."""
     limit, huge = 300, ("a long passage about radix trees and tries <|im_end|> 中文 " * 40_000)[:2_000_000]
     prompts, counters = counted(tokenizer)
-    bound = prompts._char_bound(limit)
-    parts = QWEN3_RERANKER.parts("what is a trie?", [huge, huge[:bound]])
-    batch = prompts.encode_prompts(parts, limit, truncate=True, special_tokens_in_user_text=trust)
+    bound = prompts._char_bound(limit if cap is None else cap)
+    bounded = huge[:bound] if direction == "right" else huge[-bound:]
+    parts = QWEN3_RERANKER.parts("what is a trie?", [huge, bounded])
+    batch = prompts.encode_prompts(parts, limit, truncate=True, special_tokens_in_user_text=trust,
+                                   truncation_direction=direction, max_item_tokens=cap)
     assert batch.truncated == [True, True] and batch.sequences[0] == batch.sequences[1]
     assert len(batch.sequences[0]) <= limit and sum(c.chars for c in counters) < 10 * bound < len(huge) / 10
 

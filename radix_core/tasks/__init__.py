@@ -1,4 +1,4 @@
-"""The scoring tasks users call (rerank, embed, classify, score), one `Task` object each (`TASKS`).
+"""The scoring tasks users call (rerank, embed, classify, score, predict), one `Task` object each (`TASKS`).
 
 A request is served in halves so it can be encoded in another process and batched with requests of any task:
 `Task.encode` checks and tokenizes it into a `TaskJob` (CPU, from a picklable `TaskContext`), `Task.split` cuts
@@ -11,6 +11,7 @@ from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage
 from radix_core.tasks.config import TaskConfig
 from radix_core.tasks.context import TaskContext, load_task_context
 from radix_core.tasks.embed import EmbedJob, EmbedResult
+from radix_core.tasks.predict import LabelScore, PredictJob, PredictResult
 from radix_core.tasks.registry import TASKS, task_of
 from radix_core.tasks.rerank import RerankHit, RerankJob, RerankResult
 from radix_core.tasks.scoring import ClassifyJob, ClassifyResult, ContinuationScore, ScoreJob, ScoreResult
@@ -18,6 +19,7 @@ from radix_core.tasks.view import BatchView, finish_jobs
 
 __all__ = [
     "TASKS", "BatchView", "ClassifyJob", "ClassifyResult", "ContinuationScore", "EmbedJob", "EmbedResult",
-    "HeadQuery", "RerankHit", "RerankJob", "RerankResult", "ScoreJob", "ScoreResult", "Task", "TaskConfig",
-    "TaskContext", "TaskJob", "Usage", "finish_jobs", "load_task_context", "task_of",
+    "HeadQuery", "LabelScore", "PredictJob", "PredictResult", "RerankHit", "RerankJob", "RerankResult", "ScoreJob",
+    "ScoreResult", "Task", "TaskConfig", "TaskContext", "TaskJob", "Usage", "finish_jobs", "load_task_context",
+    "task_of",
 ]

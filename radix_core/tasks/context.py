@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transformers import PretrainedConfig
+
 from radix_core.architectures import head_of, load_config, max_seq_len
 from radix_core.tasks.config import TaskConfig
 from radix_core.templates import Template, resolve_template
@@ -20,7 +22,7 @@ class TaskContext:
     head: str  # "causal_lm", "seq_cls" or "base"
     hidden_size: int
     max_seq_len: int
-    num_labels: int  # outputs of a seq-cls head (config.num_labels)
+    labels: tuple[str, ...]  # a seq-cls head's outputs by id (config.id2label)
     prompts: PromptTokenizer | None  # None for a model without a tokenizer: no text tasks
     config: TaskConfig
 
@@ -29,6 +31,11 @@ class TaskContext:
             raise ValueError(f"model {self.model!r} has no tokenizer, which the text tasks need: put its "
                              f"tokenizer.json next to the weights, or call Engine.forward with token ids")
         return self.prompts
+
+    @property
+    def num_labels(self) -> int:
+        """Outputs of a seq-cls head (config.num_labels)."""
+        return len(self.labels)
 
     @property
     def token_limit(self) -> int:
@@ -42,6 +49,12 @@ class TaskContext:
 
 def load_task_context(model: str, config: TaskConfig) -> TaskContext:
     """The `TaskContext` of `model` from its config and tokenizer alone: no weights are read."""
-    hf_config = load_config(model)
+    return task_context(model, load_config(model), load_prompt_tokenizer(model), config)
+
+
+def task_context(model: str, hf_config: PretrainedConfig, prompts: PromptTokenizer | None,
+                 config: TaskConfig) -> TaskContext:
+    """The `TaskContext` of `model` from its transformers config (the one place it is read for the tasks)."""
+    labels = tuple(str(hf_config.id2label[i]) for i in range(hf_config.num_labels))
     return TaskContext(model, hf_config.model_type, head_of(hf_config), hf_config.hidden_size, max_seq_len(hf_config),
-                       hf_config.num_labels, load_prompt_tokenizer(model), config)
+                       labels, prompts, config)

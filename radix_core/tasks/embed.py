@@ -18,6 +18,7 @@ import torch
 from radix_core.tasks.base import Task, TaskJob, Usage, check_items, usage_dict
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import EmbedTemplate
+from radix_core.tokenization import check_truncation
 from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
@@ -50,9 +51,17 @@ class EmbedTask(Task):
 
     def job(self, context: TaskContext, /, texts: Sequence[str], instruction: str | None = None,
             normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-            pooling: str = "last") -> EmbedJob:
-        """Embed `texts`; see the module docstring."""
+            pooling: str = "last", max_text_tokens: int | None = None,
+            truncation_direction: str = "right") -> EmbedJob:
+        """Embed `texts`; see the module docstring.
+
+        `truncate`: cut a text whose sequence exceeds the per-sequence token limit (False: refuse it).
+        `max_text_tokens`: first cut each text to at most that many tokens of its own. `truncation_direction`:
+        "right" cuts a text's end, "left" its start. Every cut is at a token boundary and the sequence is
+        tokenized with the kept text, as the tokenizer would encode it.
+        """
         check_items("texts", texts, context.config.max_items)
+        check_truncation(truncation_direction, "max_text_tokens", max_text_tokens)
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
         hidden_size = context.hidden_size
@@ -63,7 +72,8 @@ class EmbedTask(Task):
         prompts = context.prompt_tokenizer()
         batch = prompts.encode_prompts(template.parts(texts, instruction), context.token_limit, truncate,
                                        end_ids=end_token_ids(context, template), what="text",
-                                       special_tokens_in_user_text=context.config.special_tokens_in_user_text)
+                                       special_tokens_in_user_text=context.config.special_tokens_in_user_text,
+                                       truncation_direction=truncation_direction, max_item_tokens=max_text_tokens)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
             raise ValueError(f"texts[{empty}] is empty and this model's embedding prompt adds no tokens of its "

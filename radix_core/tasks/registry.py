@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from radix_core.tasks.base import Task
 from radix_core.tasks.embed import EmbedTask
+from radix_core.tasks.predict import PredictTask
 from radix_core.tasks.rerank import RerankTask
 from radix_core.tasks.scoring import ClassifyTask, ScoreTask
 
-TASKS: dict[str, Task] = {task.name: task for task in (RerankTask(), EmbedTask(), ClassifyTask(), ScoreTask())}
+TASKS: dict[str, Task] = {task.name: task for task in (RerankTask(), EmbedTask(), ClassifyTask(), ScoreTask(),
+                                                       PredictTask())}
 
 
 def task_of(name: str) -> Task:

@@ -19,7 +19,7 @@ import torch
 from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, check_text, usage_dict
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import CrossEncoderPair, RerankTemplate
-from radix_core.tokenization import EncodedBatch
+from radix_core.tokenization import EncodedBatch, check_truncation
 from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
@@ -72,10 +72,18 @@ class RerankTask(Task):
 
     def job(self, context: TaskContext, /, query: str, documents: Sequence[str], instruction: str | None = None,
             top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
-            truncate: bool = True) -> RerankJob:
-        """Score `documents` against `query`; see the module docstring for the score of each model kind."""
+            truncate: bool = True, max_document_tokens: int | None = None,
+            truncation_direction: str = "right") -> RerankJob:
+        """Score `documents` against `query`; see the module docstring for the score of each model kind.
+
+        `truncate`: cut a document whose prompt exceeds the per-sequence token limit (False: refuse it).
+        `max_document_tokens`: first cut each document to at most that many tokens of its own (Cohere's
+        `max_tokens_per_doc`). `truncation_direction`: "right" cuts a document's end, "left" its start. Every cut
+        is at a token boundary and the prompt is tokenized with the kept text, as the tokenizer would encode it.
+        """
         check_text("query", query)
         check_items("documents", documents, context.config.max_items)
+        check_truncation(truncation_direction, "max_document_tokens", max_document_tokens)
         if top_n is not None and top_n < 1:
             raise ValueError(f"top_n must be at least 1, got {top_n}")
         if context.head not in ("causal_lm", "seq_cls"):
@@ -86,7 +94,8 @@ class RerankTask(Task):
                              f"single relevance logit (num_labels=1)")
         template = context.template("rerank")
         answer_ids = _answer_ids(context, template)
-        batch = encode_rerank(context, template, query, documents, instruction, truncate)
+        batch = encode_rerank(context, template, query, documents, instruction, truncate, truncation_direction,
+                              max_document_tokens)
         return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids, raw_scores,
                          top_n, tuple(documents) if return_documents else None)
 
@@ -116,16 +125,17 @@ class RerankTask(Task):
 
 
 def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderPair, query: str,
-                  documents: Sequence[str], instruction: str | None, truncate: bool) -> EncodedBatch:
+                  documents: Sequence[str], instruction: str | None, truncate: bool, truncation_direction: str,
+                  max_document_tokens: int | None) -> EncodedBatch:
     """Token ids of every (query, document) prompt; the documents are what truncation cuts."""
     prompts = context.prompt_tokenizer()
+    cut = {"truncation_direction": truncation_direction, "max_item_tokens": max_document_tokens,
+           "special_tokens_in_user_text": context.config.special_tokens_in_user_text}
     if isinstance(template, CrossEncoderPair):
         template.shared_prefix(query, instruction)  # refuses an instruction
-        return prompts.encode_pairs(query, documents, context.token_limit, truncate, what="document",
-                                    special_tokens_in_user_text=context.config.special_tokens_in_user_text)
+        return prompts.encode_pairs(query, documents, context.token_limit, truncate, what="document", **cut)
     parts = template.parts(query, documents, instruction)
-    return prompts.encode_prompts(parts, context.token_limit, truncate, what="document",
-                                  special_tokens_in_user_text=context.config.special_tokens_in_user_text)
+    return prompts.encode_prompts(parts, context.token_limit, truncate, what="document", **cut)
 
 
 def _answer_ids(context: TaskContext, template: RerankTemplate | CrossEncoderPair) -> tuple[int, int] | None:

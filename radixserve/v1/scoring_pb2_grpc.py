@@ -55,6 +55,11 @@ class ScoringStub:
                 request_serializer=radixserve_dot_v1_dot_scoring__pb2.ScoreRequest.SerializeToString,
                 response_deserializer=radixserve_dot_v1_dot_scoring__pb2.ScoreResponse.FromString,
                 _registered_method=True)
+        self.Predict = channel.unary_unary(
+                '/radixserve.v1.Scoring/Predict',
+                request_serializer=radixserve_dot_v1_dot_scoring__pb2.PredictRequest.SerializeToString,
+                response_deserializer=radixserve_dot_v1_dot_scoring__pb2.PredictResponse.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/radixserve.v1.Scoring/Info',
                 request_serializer=radixserve_dot_v1_dot_scoring__pb2.InfoRequest.SerializeToString,
@@ -94,6 +99,13 @@ class ScoringServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Predict(self, request, context):
+        """The model's own labels for each input, best first (a sequence-classification head).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """The served model, its task kinds, limits, radix mode and the server version.
         """
@@ -123,6 +135,11 @@ def add_ScoringServicer_to_server(servicer, server):
                     servicer.Score,
                     request_deserializer=radixserve_dot_v1_dot_scoring__pb2.ScoreRequest.FromString,
                     response_serializer=radixserve_dot_v1_dot_scoring__pb2.ScoreResponse.SerializeToString,
+            ),
+            'Predict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Predict,
+                    request_deserializer=radixserve_dot_v1_dot_scoring__pb2.PredictRequest.FromString,
+                    response_serializer=radixserve_dot_v1_dot_scoring__pb2.PredictResponse.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -239,6 +256,33 @@ class Scoring:
             '/radixserve.v1.Scoring/Score',
             radixserve_dot_v1_dot_scoring__pb2.ScoreRequest.SerializeToString,
             radixserve_dot_v1_dot_scoring__pb2.ScoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Predict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixserve.v1.Scoring/Predict',
+            radixserve_dot_v1_dot_scoring__pb2.PredictRequest.SerializeToString,
+            radixserve_dot_v1_dot_scoring__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,109 @@
+"""Prediction: a sequence-classification model's own labels for each input, as TEI's `/predict` answers.
+
+Each input is one sequence, its plain text with the tokenizer's own special tokens (as `tokenizer(text)` gives
+them, and as `AutoModelForSequenceClassification` is fed); the score head's outputs at the last token are the
+logits of the labels in `config.id2label`. Scores are a softmax over the labels, or a sigmoid for a one-label head
+(a cross-encoder's relevance), or the raw logits with `raw_scores`; each input's labels come best first.
+Few-shot classification over labels the caller gives is `classify` (`radix_core.tasks.scoring`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, usage_dict
+from radix_core.tasks.context import TaskContext
+from radix_core.templates import PromptParts
+from radix_core.tokenization import check_truncation
+from radix_core.tokens import TokenSequences
+
+if TYPE_CHECKING:
+    from radix_core.tasks.view import BatchView
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    """Per input (in request order) every label of the model with its score, best first; the call's usage."""
+
+    results: list[list[LabelScore]]
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class PredictScores:
+    """A sub-job's partial result: each input's scores in label-id order."""
+
+    scores: np.ndarray  # (n, num_labels) float32
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class PredictJob(TaskJob):
+    """One sequence per input, scored by the whole score head at its last token."""
+
+    task = "predict"
+    labels: tuple[str, ...]  # by label id
+    raw_scores: bool
+
+
+class PredictTask(Task):
+    name = "predict"
+    rpc = "Predict"
+
+    def job(self, context: TaskContext, /, inputs: Sequence[str], raw_scores: bool = False, truncate: bool = True,
+            truncation_direction: str = "right") -> PredictJob:
+        """Score each of `inputs` with the model's labels; see the module docstring.
+
+        `truncate`: cut an input over the per-sequence token limit (False: refuse it). `truncation_direction`:
+        "right" cuts its end, "left" its start, at a token boundary, re-tokenized as the tokenizer would encode it.
+        """
+        check_items("inputs", inputs, context.config.max_items)
+        check_truncation(truncation_direction)
+        if context.head != "seq_cls":
+            raise ValueError(f"model {context.model!r} has no sequence-classification head, so it has no labels of "
+                             f"its own to predict: use a ForSequenceClassification model, or classify with labels "
+                             f"you give (the classify task)")
+        prompts = context.prompt_tokenizer()
+        batch = prompts.encode_prompts(PromptParts((), list(inputs), ()), context.token_limit, truncate,
+                                       end_ids=prompts.trailing_ids, what="input",
+                                       special_tokens_in_user_text=context.config.special_tokens_in_user_text,
+                                       truncation_direction=truncation_direction)
+        empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
+        if empty is not None:
+            raise ValueError(f"inputs[{empty}] is empty and this tokenizer adds no tokens of its own: give every "
+                             f"input at least one character")
+        return PredictJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.labels,
+                          raw_scores)
+
+    def head_query(self, job: PredictJob) -> HeadQuery:
+        n = len(job.sequences)
+        return HeadQuery(np.arange(n), np.full(n, -1))
+
+    def finish(self, job: PredictJob, view: BatchView) -> PredictScores:
+        logits = torch.from_numpy(view.head)  # (n, num_labels) float32
+        if job.raw_scores:
+            scores = logits
+        else:
+            scores = logits.sigmoid() if logits.shape[1] == 1 else logits.softmax(-1)
+        return PredictScores(scores.numpy(), view.usage)
+
+    def merge(self, job: PredictJob, partials: Sequence[PredictScores]) -> PredictResult:
+        scores = np.concatenate([p.scores for p in partials]).tolist()  # (n, num_labels)
+        results = [sorted((LabelScore(label, score) for label, score in zip(job.labels, row)),
+                          key=lambda hit: -hit.score) for row in scores]
+        return PredictResult(results, Usage.total([p.usage for p in partials]))
+
+    def to_dict(self, result: PredictResult) -> dict[str, Any]:
+        return {"results": [{"scores": [{"label": hit.label, "score": hit.score} for hit in row]}
+                            for row in result.results], "usage": usage_dict(result.usage)}
