@@ -1,7 +1,8 @@
 """Sustained load and overload through the gRPC proxy: zero errors below capacity, fast refusals above it.
 
 The application as `serve_config.yaml` builds it (`accelerator: cpu`, one engine replica, the `bench` preset Qwen3
-model, CPU reservations and queue bounds at their defaults), MS MARCO-shaped rerank requests of 8 documents:
+model, CPU reservations at their defaults, `max_queue_wait_s` from `--max-queue-wait-s`: the latency bound the
+replica keeps under overload), MS MARCO-shaped rerank requests of 8 documents:
 
 1. unloaded: one request at a time, its latency;
 2. capacity: `--clients` closed-loop clients for `--capacity-s` seconds, requests answered per second;
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--sustain-s", type=float, default=60)
     parser.add_argument("--overload", type=float, default=3.0)
     parser.add_argument("--overload-s", type=float, default=20)
+    parser.add_argument("--max-queue-wait-s", type=float, default=1.0,
+                        help="the replica's latency bound under overload (app arg max_queue_wait_s)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     stream_args = argparse.Namespace(queries=12, docs=32, request_docs=8, embed_texts=0)
@@ -116,7 +119,8 @@ def main() -> None:
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
                                     **PRESETS["bench"]))
     config, port = start_serve()
-    app_args = {**config["applications"][0]["args"], "model": model_dir, "accelerator": "cpu", "engine_replicas": 1}
+    app_args = {**config["applications"][0]["args"], "model": model_dir, "accelerator": "cpu", "engine_replicas": 1,
+                "max_queue_wait_s": args.max_queue_wait_s}
     serve.run(build(app_args), name="radixserve", route_prefix="/")
     driver = Driver(f"127.0.0.1:{port}", rerank)
     rng = np.random.default_rng(1)
@@ -157,7 +161,7 @@ def write_report(report: dict, args, sustained, overloaded) -> None:
     s, o = report["sustained"], report["overload"]
     command = (f"python bench/load_bench.py --clients {args.clients} --capacity-s {args.capacity_s:g} --load "
                f"{args.load:g} --sustain-s {args.sustain_s:g} --overload {args.overload:g} --overload-s "
-               f"{args.overload_s:g}")
+               f"{args.overload_s:g} --max-queue-wait-s {args.max_queue_wait_s:g}")
     rows = [
         "| phase | sent | answers by code | OK p50 s | OK p99 s | refused p50 s | refused p99 s |",
         "|---|---|---|---|---|---|---|",

@@ -94,11 +94,13 @@ def in_process(model_dir: str, requests: list[tuple[str, dict]], clients: int) -
 
 
 def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> tuple[float, list[float], int]:
-    """(seconds, per-request latencies, input tokens) with `clients` threads each sending one request at a time."""
+    """(seconds, per-request latencies, input tokens) with `clients` threads each sending one request at a time;
+    every request must succeed (a failure would make the figures meaningless), else a RuntimeError says how many
+    failed and why."""
     todo: queue.Queue = queue.Queue()
     for request in requests:
         todo.put(request)
-    latencies, tokens, lock = [], [0], threading.Lock()
+    latencies, tokens, errors, lock = [], [0], [], threading.Lock()
     bar = tqdm(total=len(requests), desc=label, unit="req")
 
     def client() -> None:
@@ -108,7 +110,11 @@ def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> t
             except queue.Empty:
                 return
             began = time.perf_counter()
-            used = call(task, request)
+            try:
+                used = call(task, request)
+            except Exception as err:  # reported after the run
+                errors.append(err)
+                continue
             with lock:
                 latencies.append(time.perf_counter() - began)
                 tokens[0] += used
@@ -121,6 +127,8 @@ def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> t
     for thread in threads:
         thread.join()
     bar.close()
+    if errors:
+        raise RuntimeError(f"{label}: {len(errors)} of {len(requests)} requests failed, the first with {errors[0]!r}")
     return time.perf_counter() - start, latencies, tokens[0]
 
 

@@ -183,10 +183,11 @@ class AppArgs(_Settings):
                                 "RESOURCE_EXHAUSTED and a retry hint (load shedding by the real work); default "
                                 "4 x max_batch_tokens.")
     max_queue_wait_s: float | None = Field(
-        1.0, gt=0, description="An engine replica refuses a request at once (RESOURCE_EXHAUSTED with a retry hint) "
+        5.0, gt=0, description="An engine replica refuses a request at once (RESOURCE_EXHAUSTED with a retry hint) "
                                "when more than this many seconds of work are ahead of it (running, prepared and "
                                "queued tokens at its recent rate): the queueing an accepted request may see under "
-                               "overload. Unset: bounded by max_queued_tokens only.")
+                               "overload (a latency bound: lower it where latency matters more than full batches). "
+                               "Unset: bounded by max_queued_tokens only.")
     max_queued_requests: int | None = Field(
         2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
                                 "error (Ray Serve's max_queued_requests); unset for no bound.")
