@@ -194,15 +194,14 @@ class Ingress:
             return await asyncio.to_thread(grpc_codec.to_pb, task, result)
         return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer, task.name, API_GRPC)
 
-    async def _tei_rpc(self, call: tei_grpc.TeiCall | tei_grpc.Refused, request: Message | list[Message],
+    async def _tei_rpc(self, call: tei_grpc.TeiCall, request: Message | list[Message],
                        grpc_context: RayServegRPCContext) -> Message:
         """One tei.v1 call: a message, or a client stream's messages."""
         async def answer() -> Message:
             return await self._tei_answer(call, request)
-        task = call.task if isinstance(call, tei_grpc.TeiCall) else "refused"  # the metrics' task label
-        return await self._rpc(request, grpc_context, call.response, answer, task, API_TEI_GRPC)
+        return await self._rpc(request, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
-    async def _tei_answer(self, call: tei_grpc.TeiCall | tei_grpc.Refused,
+    async def _tei_answer(self, call: tei_grpc.TeiCall,
                           request: Message | list[Message]) -> Message:
         """The task calls of `call` at once, then TEI's response; a task's error names TEI's fields."""
         started = time.perf_counter_ns()
@@ -214,7 +213,7 @@ class Ingress:
             raise tei_grpc.renamed(call, err)
         return await asyncio.to_thread(call.reply, request, results, time.perf_counter_ns() - started)
 
-    async def _tei_each(self, call: tei_grpc.TeiCall | tei_grpc.Refused, requests: AsyncIterator[Message],
+    async def _tei_each(self, call: tei_grpc.TeiCall, requests: AsyncIterator[Message],
                         grpc_context: RayServegRPCContext) -> AsyncIterator[Message]:
         """A bidirectional tei.v1 stream: each message answered as its unary call would be (key, size, status), up
         to TEI_STREAM_WINDOW at once, replies in message order. The first refusal or error ends the stream with its

@@ -3,9 +3,10 @@ tiny Qwen3 model, called through the real client SDKs (cohere, openai, tei-clien
 embeddings equal the library's, each SDK raises its own error type with the server's message, and a bounded
 schemathesis run over /openapi.json finds no 5xx and no error that is not JSON.
 
-Two applications share the proxy: a keyed reranker at / (the model's primary task from the checkpoint: a Qwen3
-causal LM with a rerank template is a reranker) and an open embedder at /embedder (`primary_task: embed`), because
-tei-client reranks only on a server that says reranker and embeds only on one that says embedding.
+Three applications share the proxy: a keyed reranker at / (the model's primary task from the checkpoint: a Qwen3
+causal LM with a rerank template is a reranker), an open embedder at /embedder (`primary_task: embed`), because
+tei-client reranks only on a server that says reranker and embeds only on one that says embedding, and an open
+sequence-classification model at /classifier for TEI's /predict of single texts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from deployments.http.service import COMPUTED_TOKENS_HEADER, INPUT_TOKENS_HEADER
 from radix_core import Engine
 
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(6)]
+LONG = "the start of a long text, " + "radix tree " * 1500 + "and its very end"  # over the 2048-token limit
 TEXTS = ["a radix tree", "bread rises in a warm oven", "tries share prefixes"]
 QUERY = "what is a radix tree"
 KEY = "http-test-key"
@@ -48,23 +50,26 @@ def free_port() -> int:
 
 
 class Served:
-    """Ray Serve on loopback with the two applications; `url` is the reranker's, `embedder_url` the embedder's."""
+    """Ray Serve on loopback with the three applications; `url` is the reranker's, `embedder_url` the embedder's,
+    `classifier_url` the sequence-classification model's."""
 
-    def __init__(self, model_dir: str, keys_file: str):
+    def __init__(self, model_dir: str, classifier_dir: str, keys_file: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.embedder_url = f"{self.url}/embedder"
-        base = {"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
+        self.classifier_url = f"{self.url}/classifier"
+        base = {"model": model_dir, "engine_cpus": 0.3, "ingress_cpus": 0.3, "max_items_per_request": MAX_ITEMS,
                 "max_request_bytes": MAX_REQUEST_BYTES}
         self.apps = {"reranker": ("/", {**base, "api_keys_file": keys_file, "served_model_name": NAME}),
-                     "embedder": ("/embedder", {**base, "primary_task": "embed"})}
+                     "embedder": ("/embedder", {**base, "primary_task": "embed"}),
+                     "classifier": ("/classifier", {**base, "model": classifier_dir})}
 
     def start(self, start_local_ray) -> None:
         start_local_ray()
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         for name, (prefix, args) in self.apps.items():
             serve.run(build(args), name=name, route_prefix=prefix)
-        for url in (self.url, self.embedder_url):
+        for url in (self.url, self.embedder_url, self.classifier_url):
             self._wait_until_healthy(url)
 
     @staticmethod
@@ -94,10 +99,15 @@ def model_dir(tiny_model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(model_dir, tmp_path_factory, start_local_ray):
+def classifier_dir(tiny_model_dir) -> str:
+    return str(tiny_model_dir("qwen3", "seq_cls"))
+
+
+@pytest.fixture(scope="module")
+def served(model_dir, classifier_dir, tmp_path_factory, start_local_ray):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(KEY + "\n")
-    app = Served(model_dir, str(keys_file))
+    app = Served(model_dir, classifier_dir, str(keys_file))
     try:
         app.start(start_local_ray)
         yield app
@@ -128,6 +138,10 @@ def test_cohere_v2_rerank_equals_library(served, engine):
     assert reply.meta.billed_units.search_units == 1
     assert reply.meta.tokens.input_tokens == local.usage.input_tokens
     assert reply.meta.tokens.computed_tokens == local.usage.computed_tokens < local.usage.input_tokens
+    cut = client.rerank(model=NAME, query=QUERY, documents=DOCS, max_tokens_per_doc=6)
+    local = engine.rerank(QUERY, DOCS, max_document_tokens=6)
+    assert_ranks(cut.results, local)
+    assert cut.meta.tokens.input_tokens == local.usage.input_tokens < reply.meta.tokens.input_tokens
 
 
 def test_cohere_v1_rerank_returns_documents(served, engine):
@@ -209,8 +223,40 @@ def test_tei_predict_scores_pairs_with_the_reranker(served, engine):
     np.testing.assert_allclose([row[0]["score"] for row in reply.json()], want, atol=TOL)
     single = post(served.url, "/predict", {"inputs": pairs[0]}).json()
     assert single[0]["score"] == pytest.approx(want[0], abs=TOL)
-    refused = post(served.url, "/predict", {"inputs": "a lone text"})
-    assert refused.status_code == 422 and "pair" in refused.json()["error"]
+    refused = post(served.url, "/predict", {"inputs": "a lone text"})  # a causal LM has no labels of its own
+    assert refused.status_code == 422 and "no sequence-classification head" in refused.json()["error"]
+
+
+def test_tei_predict_classifies_texts_with_the_models_labels(served, classifier_dir):
+    classifier = Engine.from_pretrained(classifier_dir, device="cpu")
+    inputs = [TEXTS[0], [QUERY, DOCS[0]], TEXTS[1], LONG]
+    reply = post(served.classifier_url, "/predict", {"inputs": inputs, "raw_scores": True, "truncate": True,
+                                                     "truncation_direction": "Left"})
+    assert reply.status_code == 200, reply.text
+    rows = reply.json()
+    texts = classifier.predict([TEXTS[0], TEXTS[1], LONG], raw_scores=True, truncation_direction="left").results
+    pair = classifier.rerank(QUERY, [DOCS[0]], raw_scores=True).results[0]
+    for row, want in zip([rows[0], rows[2], rows[3]], texts):
+        assert [p["label"] for p in row] == [hit.label for hit in want] == ["LABEL_0"]
+        np.testing.assert_allclose([p["score"] for p in row], [hit.score for hit in want], atol=TOL)
+    assert rows[1][0] == {"label": "LABEL_0", "score": pytest.approx(pair.score, abs=TOL)}
+    single = post(served.classifier_url, "/predict", {"inputs": TEXTS[0]}).json()
+    assert single[0]["score"] == pytest.approx(classifier.predict(TEXTS[:1]).results[0][0].score, abs=TOL)
+    too_long = post(served.classifier_url, "/predict", {"inputs": [TEXTS[0], [QUERY, DOCS[0]], LONG]})
+    assert too_long.status_code == 422 and "inputs[2] gives a sequence of" in too_long.json()["error"]
+
+
+def test_tei_left_truncation_equals_library(served, engine):
+    reply = post(served.url, "/rerank", {"query": QUERY, "texts": [DOCS[0], LONG], "truncate": True,
+                                         "truncation_direction": "Left"})
+    assert reply.status_code == 200, reply.text
+    local = engine.rerank(QUERY, [DOCS[0], LONG], truncation_direction="left")
+    assert_ranks(reply.json(), local, score=lambda hit: hit["score"], index=lambda hit: hit["index"])
+    right = engine.rerank(QUERY, [DOCS[0], LONG]).results
+    assert {h.index: h.score for h in right}[1] != pytest.approx({h.index: h.score for h in local.results}[1])
+    vectors = post(served.embedder_url, "/embed", {"inputs": [LONG], "truncate": True, "truncation_direction": "Left"})
+    assert vectors.status_code == 200, vectors.text
+    np.testing.assert_allclose(vectors.json(), engine.embed([LONG], truncation_direction="left").embeddings, atol=TOL)
 
 
 def test_tei_tokenize_and_health(served, engine):
@@ -229,6 +275,9 @@ def test_cohere_errors(served):
     with pytest.raises(cohere.UnprocessableEntityError) as bad:
         client.rerank(model=NAME, query=QUERY, documents=[])
     assert "documents is empty" in bad.value.body["message"]
+    with pytest.raises(cohere.UnprocessableEntityError) as bad:
+        client.rerank(model=NAME, query=QUERY, documents=DOCS, max_tokens_per_doc=0)
+    assert "max_tokens_per_doc must be a whole number of tokens, at least 1, got 0" in bad.value.body["message"]
     with pytest.raises(cohere.UnauthorizedError) as unauthorized:
         cohere.ClientV2(api_key="wrong", base_url=served.url).rerank(model=NAME, query=QUERY, documents=DOCS)
     assert unauthorized.value.body == {"message": "invalid API key"}
@@ -263,8 +312,8 @@ def test_tei_errors_and_limits(served):
     large = post(served.url, "/embed", {"inputs": ["x" * MAX_REQUEST_BYTES]})
     assert large.status_code == 413
     assert large.json()["error_type"] == "payload_too_large" and "max_request_bytes" in large.json()["error"]
-    left = post(served.url, "/rerank", {"query": QUERY, "texts": DOCS, "truncation_direction": "Left"})
-    assert left.status_code == 422 and "truncation_direction" in left.json()["error"]
+    prompt_name = post(served.url, "/embed", {"inputs": TEXTS, "prompt_name": "query"})
+    assert prompt_name.status_code == 422 and "prompt_name 'query' is not supported" in prompt_name.json()["error"]
     unknown = httpx.get(f"{served.url}/no-such-path", timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error_type"] == "not_found"
 

@@ -1,9 +1,9 @@
 """TEI's gRPC API (tei.v1) end to end on a local Ray: Ray Serve's gRPC proxy with serve_config.yaml's servicers, the
 application built from a tiny model. The real `tei-client` GrpcClient (in a subprocess: its stubs and ours both
 define tei.v1 in protobuf's default pool) reranks, embeds and reads Info, and gets the library's answers; plain
-grpcio calls cover the streams, Predict, the dispatch by message type and the status codes. Three configurations are
-deployed in turn (the tiny causal LM's default primary task rerank, primary_task embed, keyed); each test asks for
-the one it needs.
+grpcio calls cover the streams, Predict, left truncation, the dispatch by message type and the status codes. Four
+configurations are deployed in turn (the tiny causal LM's default primary task rerank, primary_task embed, keyed,
+and a tiny sequence-classification model for Predict); each test asks for the one it needs.
 """
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ def free_port() -> int:
 class Deployment:
     """One local Ray + Serve with the gRPC proxy; `use(config)` (re)deploys the app when the config changes."""
 
-    def __init__(self, model_dir: str, keys_file: Path):
+    def __init__(self, model_dir: str, classifier_dir: str, keys_file: Path):
         self.base = {"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5,
                      "max_items_per_request": MAX_ITEMS, "max_request_bytes": MAX_REQUEST_BYTES}
-        self.configs = {"rerank": {}, "embed": {"primary_task": "embed"}, "keyed": {"api_keys_file": str(keys_file)}}
+        self.configs = {"rerank": {}, "embed": {"primary_task": "embed"}, "keyed": {"api_keys_file": str(keys_file)},
+                        "classifier": {"model": classifier_dir}}
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
@@ -131,10 +132,15 @@ def model_dir(tiny_model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployment(model_dir, tmp_path_factory, start_local_ray):
+def classifier_dir(tiny_model_dir) -> str:
+    return str(tiny_model_dir("qwen3", "seq_cls"))
+
+
+@pytest.fixture(scope="module")
+def deployment(model_dir, classifier_dir, tmp_path_factory, start_local_ray):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(KEY + "\n")
-    served = Deployment(model_dir, keys_file)
+    served = Deployment(model_dir, classifier_dir, keys_file)
     try:
         served.start(start_local_ray)
         yield served
@@ -212,6 +218,16 @@ def test_unary_calls_and_streams_return_what_the_library_returns(deployment, eng
     np.testing.assert_allclose([list(r.embeddings) for r in replies], engine.embed(DOCS, normalize=False).embeddings,
                                atol=1e-5)
 
+    # truncation from the left, as the library cuts
+    long = "the start of a long text, " + TOO_LONG + "and its very end"
+    reply = rerank.Rerank(tei.RerankRequest(query=QUERY, texts=[DOCS[0], long], truncate=True,
+                                            truncation_direction=tei.TRUNCATION_DIRECTION_LEFT), timeout=60)
+    assert_ranks_equal(reply.ranks, engine.rerank(QUERY, [DOCS[0], long], truncation_direction="left"))
+    reply = embed.Embed(tei.EmbedRequest(inputs=long, truncate=True,
+                                         truncation_direction=tei.TRUNCATION_DIRECTION_LEFT), timeout=60)
+    np.testing.assert_allclose(reply.embeddings, engine.embed([long], truncation_direction="left").embeddings[0],
+                               atol=1e-5)
+
     # the same method names, radixserve.v1's messages: answered by radixserve.v1
     scoring = ScoringStub(deployment.channel)
     reply = scoring.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS[:2]), timeout=60)
@@ -219,14 +235,14 @@ def test_unary_calls_and_streams_return_what_the_library_returns(deployment, eng
     assert scoring.Info(pb.InfoRequest(), timeout=30).limits.max_items == MAX_ITEMS
 
 
-TOO_LONG = "radix " * 3000
+TOO_LONG = "radix " * 3000  # over the tiny models' 2048-token limit
 BAD_INPUTS = {
     "empty-texts": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY), "INVALID_ARGUMENT",
                     "texts is empty: give at least one"),
     "too-many-texts": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=["d"] * (MAX_ITEMS + 1)),
                        "INVALID_ARGUMENT", f"{MAX_ITEMS + 1} texts is more than the limit of {MAX_ITEMS}"),
-    "left-truncation": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=DOCS, truncation_direction=1),
-                        "INVALID_ARGUMENT", "truncation_direction TRUNCATION_DIRECTION_LEFT is not supported"),
+    "unknown-direction": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=DOCS, truncation_direction=7),
+                          "INVALID_ARGUMENT", "truncation_direction 7 is unknown"),
     "too-long": ("Rerank", "Rerank", tei.RerankRequest(query=QUERY, texts=["short", TOO_LONG]), "INVALID_ARGUMENT",
                  "texts[1] gives a sequence of"),
     "prompt-name": ("Embed", "Embed", tei.EmbedRequest(inputs="x", prompt_name="query"), "INVALID_ARGUMENT",
@@ -235,8 +251,8 @@ BAD_INPUTS = {
                    "dimensions must be between 1 and the model's hidden size 64, got 100000"),
     "embed-too-long": ("Embed", "Embed", tei.EmbedRequest(inputs=TOO_LONG), "INVALID_ARGUMENT",
                        "inputs gives a sequence of"),
-    "predict": ("Predict", "Predict", tei.PredictRequest(inputs="great"), "INVALID_ARGUMENT",
-                "tei.v1 Predict classifies a text with the model's own sequence-classification labels"),
+    "predict-without-labels": ("Predict", "Predict", tei.PredictRequest(inputs="great"), "INVALID_ARGUMENT",
+                               "has no sequence-classification head, so it has no labels of its own"),
     "oversize": ("Embed", "Embed", tei.EmbedRequest(inputs="x" * MAX_REQUEST_BYTES), "RESOURCE_EXHAUSTED",
                  f"over the limit of {MAX_REQUEST_BYTES} bytes (max_request_bytes)"),
     "stream-empty": ("Rerank", "RerankStream", iter([]), "INVALID_ARGUMENT", "RerankStream received no messages"),
@@ -273,7 +289,37 @@ def test_a_bidirectional_stream_answers_until_its_first_bad_message(deployment, 
     assert "dimensions must be between 1 and the model's hidden size" in caught.value.details()
     with pytest.raises(grpc.RpcError) as caught:
         list(predict.PredictStream(iter([tei.PredictRequest(inputs="great")]), timeout=60))
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Predict" in caught.value.details()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no sequence-classification head" in caught.value.details()
+
+
+@pytest.mark.timeout(180)
+def test_predict_and_its_stream_return_the_models_labels(deployment, classifier_dir):
+    classifier = Engine.from_pretrained(classifier_dir, device="cpu")
+    predict = deployment.use("classifier").stub("Predict")
+    texts = ["a radix tree", "bread rises in a warm oven", "the start of a long text, " + TOO_LONG]
+    want = classifier.predict(texts, truncation_direction="left").results
+    reply = predict.Predict(tei.PredictRequest(inputs=texts[0]), timeout=60)
+    assert [(p.label, p.score) for p in reply.predictions] == [
+        ("LABEL_0", pytest.approx(hit.score, abs=1e-5)) for hit in want[0]]
+    assert reply.metadata.compute_tokens == classifier.predict(texts[:1]).usage.input_tokens
+    replies = list(predict.PredictStream(iter([tei.PredictRequest(inputs=text, truncate=True,
+                                                                  truncation_direction=tei.TRUNCATION_DIRECTION_LEFT)
+                                               for text in texts]), timeout=60))
+    np.testing.assert_allclose([[p.score for p in r.predictions] for r in replies],
+                               [[hit.score for hit in row] for row in want], atol=1e-5)
+    raw = predict.Predict(tei.PredictRequest(inputs=texts[1], raw_scores=True), timeout=60)
+    assert raw.predictions[0].score == pytest.approx(classifier.predict(texts[1:2], raw_scores=True)
+                                                     .results[0][0].score, abs=1e-5)
+    with pytest.raises(grpc.RpcError) as caught:
+        predict.Predict(tei.PredictRequest(inputs=texts[2]), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "inputs gives a sequence of" in \
+        caught.value.details()
+    # radixserve.v1's Predict, the same method name: answered by radixserve.v1
+    reply = ScoringStub(deployment.channel).Predict(pb.PredictRequest(inputs=texts[:2]), timeout=60)
+    assert [[s.label for s in r.scores] for r in reply.results] == [[hit.label for hit in row] for row in want[:2]]
+    np.testing.assert_allclose([[s.score for s in r.scores] for r in reply.results],
+                               [[hit.score for hit in row] for row in want[:2]], atol=1e-5)
 
 
 @pytest.mark.timeout(180)

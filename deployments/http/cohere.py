@@ -8,9 +8,9 @@ Both answer `{id, results: [{index, relevance_score, document?: {text}}], meta}`
 tokens left after shared prefixes were computed once. Errors are Cohere's `{"message": ...}`, which its SDK raises
 as `BadRequestError`/`UnprocessableEntityError`, `UnauthorizedError`, `NotFoundError`, ... with the message.
 
-`search_units` counts one unit per 100 documents, as Cohere bills. `max_tokens_per_doc` cannot cut below the
-server's per-item limit (`/info` `max_input_length`): the prompt template takes part of that limit, so a smaller
-value is refused rather than approximated.
+`search_units` counts one unit per 100 documents, as Cohere bills. `max_tokens_per_doc` cuts each document to that
+many of its own tokens (the library's `max_document_tokens`, keeping its start); a document whose prompt is still
+over the server's per-item limit (`/info` `max_input_length`, template included) is cut further, as Cohere does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from deployments.http.dialect import Dialect
-from deployments.http.errors import VALIDATION, ApiError, ErrorKind
+from deployments.http.errors import ErrorKind
 from deployments.http.service import Service
 from radix_core.tasks import RerankResult
 
@@ -47,7 +47,8 @@ class RerankV2Request(BaseModel):
     documents: list[str] = Field(description="The documents to score.")
     top_n: int | None = Field(None, description="Return only the best top_n documents (at least 1).")
     max_tokens_per_doc: int | None = Field(
-        None, description="Documents are cut to the server's per-item token limit; a smaller value is refused.")
+        None, description="Cut each document to this many of its own tokens (at least 1); unset: only to the "
+                          "server's per-item limit.")
 
 
 class ResultDocument(BaseModel):
@@ -116,9 +117,9 @@ class CohereDialect(Dialect):
         @router.post("/v2/rerank", responses={200: {"model": RerankV2Response}}, summary="Cohere v2 rerank")
         async def rerank_v2(body: RerankV2Request):
             service.check_model(body.model)
-            _check_max_tokens_per_doc(body.max_tokens_per_doc, service.scorer.context.token_limit)
             result = await service.run("rerank", {"query": body.query, "documents": body.documents,
-                                                  "top_n": body.top_n})
+                                                  "top_n": body.top_n, "max_document_tokens": body.max_tokens_per_doc},
+                                       rename=_cohere_names)
             return await service.respond(self._v2, result, len(body.documents), usage=result.usage)
 
         return router
@@ -146,8 +147,7 @@ class CohereDialect(Dialect):
                           "computed_tokens": usage.computed_tokens}}
 
 
-def _check_max_tokens_per_doc(value: int | None, token_limit: int) -> None:
-    if value is not None and value < token_limit:
-        raise ApiError(VALIDATION, f"max_tokens_per_doc is {value}; this server cuts documents only at its "
-                                   f"per-item limit of {token_limit} tokens (template included): send at least "
-                                   f"{token_limit}, or leave it out")
+
+def _cohere_names(message: str) -> str:
+    """A task error in Cohere's field names: `max_tokens_per_doc`, not the library's `max_document_tokens`."""
+    return message.replace("max_document_tokens", "max_tokens_per_doc")

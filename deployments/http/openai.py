@@ -12,6 +12,7 @@ computed once. Errors are OpenAI's `{"error": {"message", "type", "param", "code
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
@@ -61,8 +62,7 @@ class OpenAIDialect(Dialect):
         async def embeddings(body: EmbeddingsRequest):
             service.check_model(body.model)
             texts = _texts(body.input)
-            result = await service.run("embed", {"texts": texts, "dimensions": body.dimensions},
-                                       renames={"texts": "input"})
+            result = await service.run("embed", {"texts": texts, "dimensions": body.dimensions}, rename=_openai_names)
             return await service.respond(_response, result, body.encoding_format, service.card.served_model_name,
                                          usage=result.usage)
 
@@ -70,6 +70,11 @@ class OpenAIDialect(Dialect):
 
     def error_body(self, kind: ErrorKind, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": kind.name, "param": None, "code": kind.status}}
+
+
+def _openai_names(message: str) -> str:
+    """A task error in OpenAI's field names: `input`, not the library's `texts`."""
+    return re.sub(r"\btexts\b", "input", message)
 
 
 def _texts(value: str | list[str] | list[int] | list[list[int]]) -> list[str]:

@@ -9,8 +9,7 @@ work of their own on the event loop beyond that.
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -60,14 +59,15 @@ class Service:
             raise ApiError(NOT_FOUND, f"model {name!r} is not served here: this server serves "
                                       f"{self.card.served_model_name!r}; send that as model, or leave model out")
 
-    async def run(self, task: str, request: dict[str, Any], renames: Mapping[str, str] = {}) -> Any:
-        """The task's result; any error as an ApiError. `renames` maps the task's argument names to the dialect's
-        field names, so a validation message names the field the client sent."""
+    async def run(self, task: str, request: dict[str, Any], rename: Callable[[str], str] | None = None) -> Any:
+        """The task's result; any error as an ApiError. `rename` rewrites an error message's argument names into
+        the dialect's field names, so a validation message names the field the client sent."""
         try:
             return await self.scorer.call(task, request)
         except Exception as err:  # every error becomes an ApiError; status_of logs the unexpected ones
             error = api_error(err)
-            raise ApiError(error.kind, _renamed(error.detail, renames), retry_after_s(err)) from None
+            detail = error.detail if rename is None else rename(error.detail)
+            raise ApiError(error.kind, detail, retry_after_s(err)) from None
 
     async def respond(self, render: Callable[..., Any], *args: Any, usage: Usage | None = None) -> JSONResponse:
         """`render(*args)` as a JSON response, rendered and encoded in a worker thread; the usage in headers."""
@@ -77,8 +77,3 @@ class Service:
             response.headers[INPUT_TOKENS_HEADER] = str(usage.input_tokens)
         return response
 
-
-def _renamed(message: str, renames: Mapping[str, str]) -> str:
-    for name, field in renames.items():
-        message = re.sub(rf"\b{re.escape(name)}\b", field, message)
-    return message

@@ -2,21 +2,22 @@
 
     POST /rerank    {query, texts, raw_scores, return_text, truncate, truncation_direction} -> [{index, score, text?}]
     POST /embed     {inputs, normalize, truncate, truncation_direction, prompt_name, dimensions} -> [[float]]
-    POST /predict   {inputs: [text, text_pair] or a list of them, raw_scores, truncate} -> [{label, score}] each
+    POST /predict   {inputs: a text, a [text, text_pair] pair, or a list of them, raw_scores, truncate,
+                     truncation_direction} -> [{label, score}] each, best first
     POST /tokenize  {inputs, add_special_tokens} -> per input [{id, text, special, start, stop}]
     GET  /info      the model, its `model_type` ({"reranker"|"embedding"|"classifier": metadata}) and limits
     GET  /health    200 when an engine replica answers, else 503
 
-`/info` and `/health` need no API key. `model_type` is the model card's primary task (`deployments.model_card`):
-rerank -> reranker, embed -> embedding, classify -> classifier; every route works whatever it says.
+`/info` and `/health` need no API key. `model_type` is the model card's primary task (`deployments.tei`): rerank ->
+reranker, embed -> embedding, classify -> classifier; every route works whatever it says. TEI's fields become the
+library's arguments in `deployments.tei`, shared with the gRPC API.
 
-`/predict` scores [text, text_pair] pairs with the rerank task (the pairs of one text are one request, so they share
-its prefix): a cross-encoder's single logit (sigmoid unless raw_scores) or a causal-LM reranker's P(yes), labelled
-with the score head's one label (else "relevance"). A single text, or a model whose score head has several labels,
-is refused with 422: radixserve computes no multi-label classification head; few-shot classification over labels
-is radixserve.v1's Classify. `truncation_direction: "Left"` and `prompt_name` are refused with 422 (the library
-cuts the end of a text and has no named prompts; send an `instruction` through radixserve.v1 instead). `truncate`
-defaults to false, as in TEI: a text over the per-item limit is a 422. Errors are TEI's `{"error", "error_type"}`.
+`/predict` classifies each text with the predict task (the model's sequence-classification labels, best first) and
+scores each [text, text_pair] pair with the rerank task (the pairs of one text are one request, so they share its
+prefix): a cross-encoder's single logit (sigmoid unless raw_scores) or a causal-LM reranker's P(yes), labelled with
+the score head's one label (else "relevance"). `prompt_name` is refused with 422 (no named prompts; send an
+`instruction` through radixserve.v1 instead). `truncate` defaults to false, as in TEI: a text over the per-item
+limit is a 422. Errors are TEI's `{"error", "error_type"}`.
 """
 
 from __future__ import annotations
@@ -28,16 +29,14 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
 
+from deployments import tei as tei_fields
 from deployments.http.dialect import Dialect
 from deployments.http.errors import UNHEALTHY, VALIDATION, ApiError, ErrorKind
 from deployments.http.service import Service
-from deployments.model_card import ModelCard
-from radix_core.tasks import RerankResult, Usage
+from radix_core.tasks import PredictResult, RerankResult, Usage
 from radix_core.tasks.base import check_items
 
 HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers within this
-MODEL_TYPES = {"rerank": "reranker", "embed": "embedding", "classify": "classifier"}
-RERANK_LABEL = "relevance"  # the label /predict gives a reranker whose score head names none
 
 
 class RerankRequest(BaseModel):
@@ -46,7 +45,8 @@ class RerankRequest(BaseModel):
     raw_scores: bool = Field(False, description="The raw relevance logit instead of a probability.")
     return_text: bool = Field(False, description="Echo each text in the results.")
     truncate: bool | None = Field(False, description="Cut texts over the per-item limit (false: 422).")
-    truncation_direction: Literal["Left", "Right"] = Field("Right", description="Only Right: cut the end.")
+    truncation_direction: Literal["Left", "Right"] = Field(
+        "Right", description="The side of a text truncation cuts: Right its end, Left its start.")
 
 
 class RankItem(BaseModel):
@@ -59,17 +59,19 @@ class EmbedRequest(BaseModel):
     inputs: str | list[str] = Field(description="A text or a list of texts.")
     normalize: bool = Field(True, description="Scale each vector to unit L2 norm.")
     truncate: bool | None = Field(False, description="Cut texts over the per-item limit (false: 422).")
-    truncation_direction: Literal["Left", "Right"] = Field("Right", description="Only Right: cut the end.")
+    truncation_direction: Literal["Left", "Right"] = Field(
+        "Right", description="The side of a text truncation cuts: Right its end, Left its start.")
     prompt_name: str | None = Field(None, description="Not supported: leave it out.")
     dimensions: int | None = Field(None, description="Keep the first d components (1 to the hidden size).")
 
 
 class PredictRequest(BaseModel):
     inputs: str | list[str] | list[str | list[str]] = Field(
-        description="A [text, text_pair] pair, or a list of pairs.")
+        description="A text, a [text, text_pair] pair, or a list of texts and pairs.")
     raw_scores: bool = Field(False, description="The raw logit instead of a probability.")
     truncate: bool | None = Field(False, description="Cut texts over the per-item limit (false: 422).")
-    truncation_direction: Literal["Left", "Right"] = Field("Right", description="Only Right: cut the end.")
+    truncation_direction: Literal["Left", "Right"] = Field(
+        "Right", description="The side of a text truncation cuts: Right its end, Left its start.")
 
 
 class Prediction(BaseModel):
@@ -117,37 +119,32 @@ class TeiDialect(Dialect):
 
         @router.post("/rerank", responses={200: {"model": list[RankItem]}}, summary="TEI rerank", **keyed)
         async def rerank(body: RerankRequest):
-            _check_unsupported(body.truncation_direction)
-            result = await service.run("rerank", {"query": body.query, "documents": body.texts,
-                                                  "raw_scores": body.raw_scores, "return_documents": body.return_text,
-                                                  "truncate": bool(body.truncate)},
-                                       renames={"documents": "texts", "document": "text"})
+            arguments = tei_fields.rerank_arguments(body.query, body.texts, body.raw_scores, body.return_text,
+                                                    body.truncate, body.truncation_direction)
+            result = await service.run("rerank", arguments, rename=tei_fields.RERANK_NAMES.rename)
             return await service.respond(_ranks, result, usage=result.usage)
 
         @router.post("/embed", responses={200: {"model": list[list[float]]}}, summary="TEI embed", **keyed)
         async def embed(body: EmbedRequest):
-            _check_unsupported(body.truncation_direction, body.prompt_name)
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-            result = await service.run("embed", {"texts": texts, "normalize": body.normalize,
-                                                 "dimensions": body.dimensions, "truncate": bool(body.truncate)},
-                                       renames={"texts": "inputs", "text": "input"})
+            arguments = tei_fields.embed_arguments(texts, body.normalize, body.dimensions, body.truncate,
+                                                   body.truncation_direction, body.prompt_name)
+            result = await service.run("embed", arguments, rename=tei_fields.EMBED_NAMES.rename)
             return await service.respond(lambda: result.embeddings.tolist(), usage=result.usage)
 
         @router.post("/predict", responses={200: {"model": list[list[Prediction]]}},
-                     summary="TEI predict: [text, text_pair] pairs scored by the reranker", **keyed)
+                     summary="TEI predict: texts by the model's labels, [text, text_pair] pairs by the reranker",
+                     **keyed)
         async def predict(body: PredictRequest):
-            _check_unsupported(body.truncation_direction)
-            single, pairs = _pairs(body.inputs)
-            results = await _score_pairs(service, pairs, body.raw_scores, bool(body.truncate))
-            label = _rerank_label(service.card)
-            scores = [[{"label": label, "score": score}] for score in results[0]]
-            return await service.respond(lambda: scores[0] if single else scores, usage=results[1])
+            single, items = _predict_inputs(body.inputs)
+            rows, usage = await _predict(service, items, body)
+            return await service.respond(lambda: rows[0] if single else rows, usage=usage)
 
         @router.post("/tokenize", responses={200: {"model": list[list[Token]]}}, summary="TEI tokenize", **keyed)
         async def tokenize(body: TokenizeRequest):
-            _check_unsupported("Right", body.prompt_name)
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
             try:
+                tei_fields.check_prompt_name(body.prompt_name)
                 check_items("inputs", texts, service.scorer.context.config.max_items)
             except ValueError as err:
                 raise ApiError(VALIDATION, str(err)) from None
@@ -173,33 +170,14 @@ class TeiDialect(Dialect):
         return {"error": message, "error_type": kind.name}
 
 
-def tei_model_type(card: ModelCard) -> dict[str, dict[str, Any]]:
-    """TEI's `model_type`: `{"reranker": {id2label, label2id}}`, `{"embedding": {"pooling": ...}}` or
-    `{"classifier": {id2label, label2id}}`."""
-    kind = MODEL_TYPES[card.primary_task]
-    if kind == "embedding":
-        return {kind: {"pooling": "last_token"}}
-    labels = [_rerank_label(card)] if kind == "reranker" else list(card.labels)
-    return {kind: {"id2label": {str(i): label for i, label in enumerate(labels)},
-                   "label2id": {label: i for i, label in enumerate(labels)}}}
-
-
 def _info(service: Service, info: dict[str, Any]) -> dict[str, Any]:
     args = service.scorer.args
     return {"model_id": service.card.served_model_name, "model_sha": None, "model_dtype": info["dtype"],
-            "model_type": tei_model_type(service.card), "max_concurrent_requests": args.ingress_max_ongoing_requests,
+            "model_type": tei_fields.tei_model_type(service.card),
+            "max_concurrent_requests": args.ingress_max_ongoing_requests,
             "max_input_length": info["max_tokens_per_item"], "max_batch_tokens": info["max_batch_tokens"],
             "max_batch_requests": None, "max_client_batch_size": info["max_items"], "auto_truncate": False,
             "tokenization_workers": None, "version": info["version"], "sha": None, "docker_label": None}
-
-
-def _check_unsupported(truncation_direction: str, prompt_name: str | None = None) -> None:
-    if truncation_direction != "Right":
-        raise ApiError(VALIDATION, f"truncation_direction {truncation_direction!r} is not supported: this server "
-                                   "cuts the end of a text; send \"Right\" or leave it out")
-    if prompt_name is not None:
-        raise ApiError(VALIDATION, "prompt_name is not supported: this server has no named prompts; leave it out "
-                                   "(radixserve.v1 Embed takes an instruction)")
 
 
 def _ranks(result: RerankResult) -> list[dict[str, Any]]:
@@ -207,41 +185,49 @@ def _ranks(result: RerankResult) -> list[dict[str, Any]]:
             for hit in result.results]
 
 
-def _pairs(inputs: str | list) -> tuple[bool, list[tuple[str, str]]]:
-    """(whether one input was sent, the [text, text_pair] pairs); a lone text is refused."""
+def _predict_inputs(inputs: str | list) -> tuple[bool, list[str | tuple[str, str]]]:
+    """(whether one input was sent, the texts and [text, text_pair] pairs). As in TEI, a list of two strings is
+    one pair."""
     if isinstance(inputs, str) or (len(inputs) == 2 and all(isinstance(x, str) for x in inputs)):
         single, items = True, [inputs]
     else:
         single, items = False, inputs
     if not items:
-        raise ApiError(VALIDATION, "inputs is empty: give at least one [text, text_pair] pair")
+        raise ApiError(VALIDATION, "inputs is empty: give at least one text or [text, text_pair] pair")
     for i, item in enumerate(items):
-        if isinstance(item, str) or len(item) != 2:
-            raise ApiError(VALIDATION, f"inputs[{i}] is not a [text, text_pair] pair: /predict scores pairs with "
-                                       "the reranker; this server has no single-text classification head")
-    return single, [tuple(item) for item in items]
+        if not isinstance(item, str) and len(item) != 2:
+            raise ApiError(VALIDATION, f"inputs[{i}] has {len(item)} texts: give a text or a [text, text_pair] pair")
+    return single, [item if isinstance(item, str) else tuple(item) for item in items]
 
 
-async def _score_pairs(service: Service, pairs: Sequence[tuple[str, str]], raw_scores: bool,
-                       truncate: bool) -> tuple[list[float], Usage]:
-    """The score of each pair, in order: one rerank request per distinct first text, all at once."""
+async def _predict(service: Service, items: Sequence[str | tuple[str, str]],
+                   body: PredictRequest) -> tuple[list[list[dict[str, Any]]], Usage]:
+    """Each item's [{label, score}], in order: the texts in one predict request and the pairs in one rerank request
+    per distinct first text, all at once."""
+    texts = [i for i, item in enumerate(items) if isinstance(item, str)]
     by_query: dict[str, list[int]] = {}
-    for i, (query, _) in enumerate(pairs):
-        by_query.setdefault(query, []).append(i)
-    results = await asyncio.gather(*(
-        service.run("rerank", {"query": query, "documents": [pairs[i][1] for i in indices],
-                               "raw_scores": raw_scores, "truncate": truncate},
-                    renames={"query": "inputs text", "documents": "inputs text_pair"})
-        for query, indices in by_query.items()))
-    scores = [0.0] * len(pairs)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            by_query.setdefault(item[0], []).append(i)
+    calls = [service.run("rerank", tei_fields.rerank_arguments(query, [items[i][1] for i in indices],
+                                                               body.raw_scores, False, body.truncate,
+                                                               body.truncation_direction),
+                         rename=tei_fields.PAIR_NAMES.rename) for query, indices in by_query.items()]
+    if texts:
+        arguments = tei_fields.predict_arguments([items[i] for i in texts], body.raw_scores, body.truncate,
+                                                 body.truncation_direction)
+        calls.append(service.run("predict", arguments, rename=tei_fields.predict_names(texts).rename))
+    results = await asyncio.gather(*calls)
+    rows: list[list[dict[str, Any]]] = [[] for _ in items]
+    label = tei_fields.rerank_label(service.card)
     for indices, result in zip(by_query.values(), results):
         for hit in result.results:
-            scores[indices[hit.index]] = hit.score
-    return scores, Usage.total([r.usage for r in results])
-
-
-def _rerank_label(card: ModelCard) -> str:
-    return card.labels[0] if len(card.labels) == 1 else RERANK_LABEL
+            rows[indices[hit.index]] = [{"label": label, "score": hit.score}]
+    if texts:
+        predicted: PredictResult = results[-1]
+        for i, scores in zip(texts, predicted.results):
+            rows[i] = [{"label": hit.label, "score": hit.score} for hit in scores]
+    return rows, Usage.total([result.usage for result in results])
 
 
 def _tokens(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
