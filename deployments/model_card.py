@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radix_core.architectures import load_config
 from radix_core.tasks import TaskContext
 from radix_core.templates import RerankTemplate, TemplateNotFound
 
@@ -47,8 +46,8 @@ class ModelCard:
 
 def model_card(model: str, served_model_name: str | None, primary_task: str | None,
                context: TaskContext) -> ModelCard:
-    """The card of `model` (reads its config.json; no weights), with the configured name and task when set."""
-    labels = _labels(model) if context.head == "seq_cls" else ()
+    """The card of `model` (its `TaskContext`; no weights), with the configured name and task when set."""
+    labels = context.labels if context.head == "seq_cls" else ()
     task = primary_task or default_primary_task(model, context, len(labels))
     return ModelCard(model, served_model_name or model, task, labels)
 
@@ -62,11 +61,6 @@ def default_primary_task(model: str, context: TaskContext, num_labels: int) -> s
     if context.head == "causal_lm" and _has_rerank_template(context):
         return "rerank"
     return "embed"
-
-
-def _labels(model: str) -> tuple[str, ...]:
-    id2label = load_config(model).id2label
-    return tuple(str(id2label[i]) for i in sorted(id2label))
 
 
 def _has_rerank_template(context: TaskContext) -> bool:

@@ -15,6 +15,7 @@ from deployments.http.errors import api_error
 from deployments.http.registry import DIALECTS
 from deployments.model_card import model_card
 from radix_core.tasks import TaskConfig, load_task_context
+from radix_core.tiny_models import make_tiny_model
 
 
 @pytest.mark.parametrize("err, status, name", [
@@ -67,3 +68,6 @@ def test_primary_task_from_the_checkpoint(tiny_model_dir, tmp_path):
     (embedder / "modules.json").write_text("[]")
     assert model_card(str(embedder), None, None, context(embedder)).primary_task == "embed"
     assert model_card(str(reranker), None, "classify", context(reranker)).primary_task == "classify"
+    classifier = make_tiny_model(tmp_path / "classifier", "qwen3", "seq_cls", num_labels=3)
+    card = model_card(str(classifier), None, None, context(classifier))
+    assert (card.primary_task, card.labels) == ("classify", ("LABEL_0", "LABEL_1", "LABEL_2"))
