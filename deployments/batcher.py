@@ -7,7 +7,8 @@ A batch closes when the waiting items hold `max_batch_tokens` or the oldest has 
 A request is refused at once (`QueueFullError`, with a retry hint) when the queue holds `max_queued_tokens` or
 `max_queued_items`, or when the work ahead of it (running, prepared and queued tokens at the device's recent
 rate) exceeds `max_queue_wait_s`: under overload the accepted requests keep their latency and the rest are told
-at once when to come back. It is
+at once when to come back. (The time bound also refuses a fixed set of clients whose requests together hold more
+work than it: set it above their concurrency times a request's service time.) It is
 filled first with the oldest item's prefix group, then with the other groups in the order their oldest item
 arrived, first fit within the budget; an item larger than the budget runs alone once it is the oldest.
 

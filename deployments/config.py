@@ -183,7 +183,7 @@ class AppArgs(_Settings):
                                 "RESOURCE_EXHAUSTED and a retry hint (load shedding by the real work); default "
                                 "4 x max_batch_tokens.")
     max_queue_wait_s: float | None = Field(
-        5.0, gt=0, description="An engine replica refuses a request at once (RESOURCE_EXHAUSTED with a retry hint) "
+        None, gt=0, description="An engine replica refuses a request at once (RESOURCE_EXHAUSTED with a retry hint) "
                                "when more than this many seconds of work are ahead of it (running, prepared and "
                                "queued tokens at its recent rate): the queueing an accepted request may see under "
                                "overload (a latency bound: lower it where latency matters more than full batches). "
