@@ -23,7 +23,7 @@ def build(args: dict[str, Any] | None = None) -> Application:
     """Validate `args` (unknown keys rejected) and bind the ingress to the engine deployment."""
     app_args = AppArgs.model_validate(args or {})
     cluster_gpus, node_cpus = cluster_shape()
-    device = "cuda" if app_args.resolved_accelerator(cluster_gpus) == "gpu" else "cpu"
+    device = app_args.engine_torch_device(cluster_gpus)
     engine = EngineReplica.options(**app_args.engine_options(cluster_gpus, node_cpus)).bind(app_args, device)
     return Ingress.options(**app_args.ingress_options(cluster_gpus)).bind(engine, app_args)
 

@@ -135,6 +135,10 @@ class AppArgs(_Settings):
 
     model: str = Field(DEFAULT_MODEL, min_length=1,
                        description=f"Hugging Face model id or local directory; ${MODEL_ENV} overrides it.")
+    engine_device: Literal["auto", "cpu"] = Field(
+        "auto", description="auto: CUDA where the engine reserves a GPU (accelerator gpu), else the CPU. cpu: the "
+                            "CPU even while a GPU is reserved, to exercise GPU scheduling and autoscaling on a "
+                            "machine without one (ray start --num-gpus N).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights and activations dtype; auto is bfloat16 on GPU, float32 on CPU.")
     accelerator: Literal["auto", "gpu", "cpu"] = Field(
@@ -248,6 +252,10 @@ class AppArgs(_Settings):
     def queued_token_bound(self) -> int:
         """`max_queued_tokens`, or 4 batches' worth."""
         return self.max_queued_tokens if self.max_queued_tokens is not None else 4 * self.max_batch_tokens
+
+    def engine_torch_device(self, cluster_gpus: float) -> str:
+        """The engine replicas' torch device: "cuda" where they reserve a GPU, unless engine_device is cpu."""
+        return "cuda" if self.resolved_accelerator(cluster_gpus) == "gpu" and self.engine_device == "auto" else "cpu"
 
     def task_config(self) -> TaskConfig:
         """What the tasks accept, for the ingress (which encodes) and the engine (its library methods)."""

@@ -71,6 +71,14 @@ def http_api(dialect: str) -> str:
     return f"http_{dialect}"
 
 
+def name_task(task: str) -> None:
+    """Label the request being metered in this context with the task it runs (a transport that learns the task
+    only once its route runs, as HTTP does)."""
+    meter = _CURRENT.get()
+    if meter is not None:
+        meter.task = task
+
+
 def count_usage(usage: Usage) -> None:
     """Add one task call's tokens to the request being metered in this context (none: a DeploymentHandle call)."""
     meter = _CURRENT.get()

@@ -19,6 +19,7 @@ import json
 import re
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -58,19 +59,19 @@ def served(tiny_model_dir, tmp_path_factory, start_local_ray_with_metrics):
     """(gRPC channel, metrics URL, Serve log directory) of the keyed application, DEBUG logs on."""
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(KEY + "\n")
-    metrics_port, grpc_port = free_port(), free_port()
+    metrics_port, grpc_port, http_port = free_port(), free_port(), free_port()
     start_local_ray_with_metrics(metrics_port)
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     try:
         serve.start(grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS},
-                    http_options={"host": "127.0.0.1", "port": free_port()})
+                    http_options={"host": "127.0.0.1", "port": http_port})
         serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")), "engine_replicas": 2, "engine_cpus": 0.5,
                          "ingress_cpus": 0.5, "api_keys_file": str(keys_file), "router": {"load_factor": 1.0},
                          "max_request_tokens": 150}),
                   name="radixserve", route_prefix="/", logging_config={"log_level": "DEBUG"})
         wait_serving(channel)
         logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
-        yield channel, f"http://127.0.0.1:{metrics_port}/metrics", logs
+        yield channel, f"http://127.0.0.1:{metrics_port}/metrics", logs, f"http://127.0.0.1:{http_port}"
     finally:
         channel.close()
         try:
@@ -100,6 +101,17 @@ def send(call, request, metadata=AUTH) -> tuple[str, object, grpc.Call | None]:
         return "OK", reply, state
     except grpc.RpcError as err:
         return err.code().name, None, err
+
+
+def post(url: str, body: dict, key: str | None) -> tuple[int, dict[str, str]]:
+    """(status, headers) of a JSON POST; an error status is returned, not raised."""
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers)
 
 
 def scrape(url: str) -> dict[str, list]:
@@ -154,7 +166,7 @@ def exported_names(families: dict[str, list]) -> set[str]:
 
 
 def test_exported_metrics_match_the_traffic(served):
-    channel, url, logs = served
+    channel, url, logs, http = served
     scoring, tei_rerank = ScoringStub(channel), TeiRerankStub(channel)
     sent, usages = Counter(), []
     calls = ([(scoring.Rerank, pb.RerankRequest(query=f"query {i}", documents=DOCS), AUTH) for i in range(3)]
@@ -171,6 +183,17 @@ def test_exported_metrics_match_the_traffic(served):
         if code == "OK" and api == "grpc":
             usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
     assert {key[2] for key in sent} == {"OK", "INVALID_ARGUMENT", "UNAUTHENTICATED"}, sent
+
+    http_usages = []
+    for path, body, key, label in [("/v2/rerank", {"query": "q", "documents": DOCS}, KEY, ("rerank", "http_cohere")),
+                                   ("/embed", {"inputs": DOCS[:2]}, KEY, ("embed", "http_tei")),
+                                   ("/v1/embeddings", {"input": "a text"}, None, ("none", "http_openai"))]:
+        status, headers = post(http + path, body, key)
+        sent[(*label, {200: "OK", 401: "UNAUTHENTICATED"}[status])] += 1
+        if status == 200:
+            http_usages.append((int(headers["x-radixserve-input-tokens"]),
+                                int(headers["x-radixserve-computed-tokens"])))
+    assert len(http_usages) == 2
 
     code, reply, state = send(scoring.Rerank, pb.RerankRequest(query="traced", documents=DOCS[:2]),
                               AUTH + [("x-request-id", TRACE_ID)])
@@ -203,6 +226,9 @@ def test_exported_metrics_match_the_traffic(served):
     assert total(families, "ray_radixserve_request_input_tokens_total", api="grpc") == sum(u[0] for u in usages)
     assert total(families, "ray_radixserve_request_computed_tokens_total", api="grpc") == sum(u[1] for u in usages)
     assert sum(u[1] for u in usages) < sum(u[0] for u in usages)  # shared prefixes computed once
+    for api, (used,) in (("http_cohere", http_usages[:1]), ("http_tei", http_usages[1:])):
+        assert total(families, "ray_radixserve_request_input_tokens_total", api=api) == used[0], api
+        assert total(families, "ray_radixserve_request_computed_tokens_total", api=api) == used[1], api
 
     assert batches > 0 and total(families, "ray_radixserve_batch_compression_count") == batches
     assert total(families, "ray_radixserve_batches_total") == batches

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deployments.http.dialect import Dialect
 from deployments.http.errors import PAYLOAD_TOO_LARGE, VALIDATION, ApiError, api_error
+from deployments.http.metering import Metered
 from deployments.http.registry import DEFAULT_DIALECT, DIALECTS
 from deployments.http.service import Scorer, Service
 from radixserve import __version__
@@ -53,6 +54,8 @@ def build_app(scorer: Scorer) -> FastAPI:
     app.add_exception_handler(HTTPException, answer_error)
     app.add_exception_handler(Exception, answer_error)
     app.add_middleware(BodyLimit, limit=scorer.args.max_request_bytes)
+    app.add_middleware(Metered, metrics=scorer.metrics,
+                       dialect_of=lambda path: owners.get(path, DEFAULT_DIALECT).name)
     return app
 
 

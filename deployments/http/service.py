@@ -19,6 +19,7 @@ from deployments.auth import ApiKeys
 from deployments.config import AppArgs
 from deployments.grpc_status import retry_after_s
 from deployments.http.errors import NOT_FOUND, UNAUTHORIZED, ApiError, api_error
+from deployments.metrics import IngressMetrics, name_task
 from deployments.model_card import ModelCard
 from radix_core.tasks import TaskContext, Usage
 
@@ -33,6 +34,7 @@ class Scorer(Protocol):
     api_keys: ApiKeys
     context: TaskContext
     card: ModelCard
+    metrics: IngressMetrics
 
     async def call(self, task: str, request: dict[str, Any]) -> Any: ...
 
@@ -62,6 +64,7 @@ class Service:
     async def run(self, task: str, request: dict[str, Any], rename: Callable[[str], str] | None = None) -> Any:
         """The task's result; any error as an ApiError. `rename` rewrites an error message's argument names into
         the dialect's field names, so a validation message names the field the client sent."""
+        name_task(task)
         try:
             return await self.scorer.call(task, request)
         except Exception as err:  # every error becomes an ApiError; status_of logs the unexpected ones

@@ -1,0 +1,89 @@
+"""Autoscaling on fake GPUs: a local Ray that advertises 4 GPUs, engine replicas that reserve one each (running on
+the CPU, `engine_device: cpu`). Under load the engine deployment scales up; when the load falls it scales back
+down; no request fails on the way up or down."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import ray
+from ray import serve
+
+from deployments.app import build
+
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
+
+DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(6)]
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2, "upscale_delay_s": 1,
+               "downscale_delay_s": 2}
+
+
+def engine_replicas() -> int:
+    status = serve.status().applications["radixserve"].deployments["EngineReplica"]
+    return status.replica_states.get("RUNNING", 0)
+
+
+def wait_for(condition, timeout_s: float, what: str) -> float:
+    """Seconds until `condition()` held; fails the test after `timeout_s`."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"{what} did not happen within {timeout_s} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+@pytest.mark.timeout(400)
+def test_the_engine_scales_up_under_load_and_down_after_without_a_failed_request(tiny_model_dir):
+    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(proxy_location="Disabled")
+        handle = serve.run(build({
+            "model": str(tiny_model_dir("qwen3", "causal_lm")), "accelerator": "gpu", "engine_device": "cpu",
+            "engine_cpus": 0.25, "ingress_cpus": 0.25, "batch_wait_timeout_s": 0.2,
+            "engine_replicas": {"autoscaling": AUTOSCALING}}), name="radixserve", route_prefix=None)
+        assert ray.available_resources().get("GPU") == 3  # one engine replica holds one GPU
+        outcomes: Counter = Counter()
+        stop, clients = threading.Event(), []
+
+        def client(i: int) -> None:
+            while not stop.is_set():
+                try:
+                    handle.call.remote("rerank", {"query": f"query {i} {time.monotonic()}",
+                                                  "documents": DOCS}).result(timeout_s=60)
+                    outcomes["OK"] += 1
+                except Exception as err:  # counted: the test fails on any
+                    outcomes[type(err).__name__] += 1
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+        for thread in clients:
+            thread.start()
+        wait_for(lambda: engine_replicas() >= 2, 180, "scaling up under load")
+        stop.set()
+        for thread in clients:
+            thread.join(60)
+        trickle = threading.Event()
+
+        def light_load() -> None:  # requests keep arriving while replicas are removed
+            while not trickle.is_set():
+                try:
+                    handle.call.remote("rerank", {"query": "one more", "documents": DOCS[:2]}).result(timeout_s=60)
+                    outcomes["OK"] += 1
+                except Exception as err:
+                    outcomes[type(err).__name__] += 1
+                time.sleep(0.5)
+
+        background = threading.Thread(target=light_load)
+        background.start()
+        wait_for(lambda: engine_replicas() == 1, 180, "scaling down once the load fell")
+        trickle.set()
+        background.join(60)
+        assert set(outcomes) == {"OK"}, outcomes
+        assert ray.available_resources().get("GPU") == 3
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
