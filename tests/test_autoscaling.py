@@ -81,7 +81,7 @@ def test_the_engine_scales_up_under_load_and_down_after_without_a_failed_request
         trickle.set()
         background.join(60)
         assert set(outcomes) == {"OK"}, outcomes
-        assert ray.available_resources().get("GPU") == 3
+        wait_for(lambda: ray.available_resources().get("GPU") == 3, 120, "the removed replicas' GPUs freed")
     finally:
         try:
             serve.shutdown()
