@@ -7,7 +7,6 @@ and completes the file. Offline: an interrupted last line is dropped before resu
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -15,25 +14,18 @@ import grpc
 import numpy as np
 import pytest
 import ray
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ray import serve
+
+from serving import SERVICERS, free_port
 
 from deployments.app import build
 from radixserve import cli
 from radixserve.batch_jobs import _complete_lines
 from radixserve.client import ScoringClient
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 TEXTS = [f"text {i}: prefixes shared {'again ' * (i % 4)}" for i in range(11)]
 DOCS = ["a radix tree stores strings", "bread rises", "tries share prefixes"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -4,34 +4,25 @@ UNAVAILABLE, and the client's retries land on a live replica."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import grpc
 import pytest
 import ray
-import yaml
 from ray import serve
 from ray.cluster_utils import Cluster
+
+from serving import SERVICERS, free_port
 
 from deployments.app import build
 from radixserve.client import ScoringClient
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(4)]
 EXPLICIT = {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Load:

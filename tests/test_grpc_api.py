@@ -1,15 +1,14 @@
 """The gRPC API end to end on a local Ray: Ray Serve's gRPC proxy on a loopback port with serve_config.yaml's
 servicers, the application built from a tiny model, called with grpcio, the client CLI in-process and as a
 subprocess. Answers equal the library's; each bad input gets its status code and a message naming the field and
-the limit; API keys; health; back-pressure. Two configurations are deployed in turn (open, then keyed with a
-one-request engine queue); each test asks for the one it needs.
+the limit; API keys; health; back-pressure; load shedding. Three configurations are deployed in turn (open, keyed
+with a one-request engine queue, a small token queue); each test asks for the one it needs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,21 +17,16 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import ray
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from ray import serve
+from serving import ROOT, GrpcDeployment
 
 import radixserve
-from deployments.app import build
 from radix_core import Engine
 from radix_core.tasks import TASKS
 from radixserve import cli
 from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(6)]
 QUERY = "what is a radix tree"
 MAX_ITEMS = 8
@@ -41,62 +35,20 @@ KEYS = ("key-one", "key-two")
 pytestmark = pytest.mark.serve
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Deployment:
-    """One local Ray + Serve with the gRPC proxy; `use(config)` (re)deploys the app when the config changes."""
+class Deployment(GrpcDeployment):
+    """The open, keyed and shedding configurations of one local Ray + Serve with the gRPC proxy."""
 
     def __init__(self, model_dir: str, keys_file: Path):
-        self.base = {"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5,
-                     "max_items_per_request": MAX_ITEMS, "max_request_bytes": MAX_REQUEST_BYTES}
-        self.configs = {"open": {},
-                        "keyed": {"api_keys_file": str(keys_file), "max_ongoing_requests": 1,
-                                  "max_queued_requests": 1, "batch_wait_timeout_s": 1.0},
-                        "shedding": {"max_queued_tokens": 400, "max_batch_tokens": 300, "max_request_tokens": 300,
-                                     "batch_wait_timeout_s": 0.5}}
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.channel = grpc.insecure_channel(self.address)
+        super().__init__(
+            base={"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
+                  "max_request_bytes": MAX_REQUEST_BYTES},
+            configs={"open": {},
+                     "keyed": {"api_keys_file": str(keys_file), "max_ongoing_requests": 1, "max_queued_requests": 1,
+                               "batch_wait_timeout_s": 1.0},
+                     "shedding": {"max_queued_tokens": 400, "max_batch_tokens": 300, "max_request_tokens": 300,
+                                  "batch_wait_timeout_s": 0.5}},
+            probe=lambda channel: ScoringStub(channel).Info(pb.InfoRequest(), timeout=10), keyed=frozenset({"keyed"}))
         self.stub = ScoringStub(self.channel)
-        self.current = None
-
-    def start(self, start_local_ray) -> None:
-        start_local_ray()
-        serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
-                    http_options={"host": "127.0.0.1", "port": free_port()})
-
-    def use(self, name: str) -> Deployment:
-        if name != self.current:
-            serve.run(build({**self.base, **self.configs[name]}), name="radixserve", route_prefix="/")
-            self._wait_until_answering(keyed=name == "keyed")
-            self.current = name
-        return self
-
-    def _wait_until_answering(self, keyed: bool, timeout_s: float = 60) -> None:
-        """Until the proxy routes to the new ingress: Info answers OK when open, UNAUTHENTICATED when keyed."""
-        want = grpc.StatusCode.UNAUTHENTICATED if keyed else grpc.StatusCode.OK
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.stub.Info(pb.InfoRequest(), timeout=10)
-                code = grpc.StatusCode.OK
-            except grpc.RpcError as err:
-                code = err.code()
-            if code == want:
-                return
-            assert time.monotonic() < deadline, f"the app did not answer {want.name} in {timeout_s} s (got {code})"
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        self.channel.close()
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

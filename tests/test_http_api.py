@@ -12,7 +12,6 @@ sequence-classification model at /classifier for TEI's /predict of single texts.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ import openai
 import pytest
 import ray
 from ray import serve
+
+from serving import free_port
 
 from deployments.app import build
 from deployments.http.service import COMPUTED_TOKENS_HEADER, INPUT_TOKENS_HEADER
@@ -41,12 +42,6 @@ TOL = 1e-5
 OPERATIONS = ("/v1/rerank", "/v2/rerank", "/v1/embeddings", "/rerank", "/embed", "/predict", "/tokenize", "/info",
               "/health")
 pytestmark = [pytest.mark.serve, pytest.mark.timeout(300)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Served:

@@ -23,6 +23,8 @@ import grpc
 import pytest
 import yaml
 
+from serving import free_port
+
 from radixserve import launcher
 from radixserve.launcher import ENVELOPE_BYTES, GRPC_MESSAGE_SIZE_ENV, LaunchError
 
@@ -30,12 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 240  # a local Ray plus two replicas on a busy 2-core machine
 MAX_REQUEST_BYTES = 200_000
 ACCESS_LINE = re.compile(r" -- .*\bOK [0-9.]+ms$", re.MULTILINE)  # Ray's "CALL rerank OK 12.3ms"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_config(path: Path, http_port: int, grpc_port: int, **args) -> Path:

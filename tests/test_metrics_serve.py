@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -27,10 +26,11 @@ from pathlib import Path
 import grpc
 import pytest
 import ray
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
+
+from serving import SERVICERS, free_port
 
 from deployments.app import build
 from radixserve.tei.v1 import tei_pb2 as tei
@@ -39,19 +39,12 @@ from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 DASHBOARD = ROOT / "k8s" / "monitoring" / "radixserve-dashboard.json"
 KEY = "metrics-key"
 AUTH = [("authorization", f"Bearer {KEY}")]
 TRACE_ID = "trace-metrics-7"
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(5)]
 pytestmark = [pytest.mark.serve, pytest.mark.timeout(240)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,29 +9,22 @@ and a tiny sequence-classification model for Predict); each test asks for the on
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-import ray
-import yaml
-from ray import serve
+from serving import GrpcDeployment
 
 import radixserve
-from deployments.app import build
 from radix_core import Engine
 from radixserve.tei.v1 import tei_pb2 as tei
 from radixserve.tei.v1 import tei_pb2_grpc
 from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(6)]
 QUERY = "what is a radix tree"
 MAX_ITEMS = 8
@@ -61,69 +54,27 @@ print(json.dumps(answers))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Deployment:
-    """One local Ray + Serve with the gRPC proxy; `use(config)` (re)deploys the app when the config changes."""
+class Deployment(GrpcDeployment):
+    """The reranker, embedder, keyed and classifier configurations of one local Ray + Serve with the gRPC proxy."""
 
     def __init__(self, model_dir: str, classifier_dir: str, keys_file: Path):
-        self.base = {"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5,
-                     "max_items_per_request": MAX_ITEMS, "max_request_bytes": MAX_REQUEST_BYTES}
-        self.configs = {"rerank": {}, "embed": {"primary_task": "embed"}, "keyed": {"api_keys_file": str(keys_file)},
-                        "classifier": {"model": classifier_dir}}
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.channel = grpc.insecure_channel(self.address)
-        self.current = None
+        super().__init__(
+            base={"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
+                  "max_request_bytes": MAX_REQUEST_BYTES},
+            configs={"rerank": {}, "embed": {"primary_task": "embed"}, "keyed": {"api_keys_file": str(keys_file)},
+                     "classifier": {"model": classifier_dir}},
+            probe=lambda channel: tei_pb2_grpc.InfoStub(channel).Info(tei.InfoRequest(), timeout=10),
+            keyed=frozenset({"keyed"}))
 
     def stub(self, service: str):
         return getattr(tei_pb2_grpc, f"{service}Stub")(self.channel)
-
-    def start(self, start_local_ray) -> None:
-        start_local_ray()
-        serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
-                    http_options={"host": "127.0.0.1", "port": free_port()})
-
-    def use(self, name: str) -> Deployment:
-        if name != self.current:
-            serve.run(build({**self.base, **self.configs[name]}), name="radixserve", route_prefix="/")
-            self._wait_until_answering(keyed=name == "keyed")
-            self.current = name
-        return self
-
-    def _wait_until_answering(self, keyed: bool, timeout_s: float = 60) -> None:
-        """Until the proxy routes to the new ingress: Info answers OK when open, UNAUTHENTICATED when keyed."""
-        want = grpc.StatusCode.UNAUTHENTICATED if keyed else grpc.StatusCode.OK
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.stub("Info").Info(tei.InfoRequest(), timeout=10)
-                code = grpc.StatusCode.OK
-            except grpc.RpcError as err:
-                code = err.code()
-            if code == want:
-                return
-            assert time.monotonic() < deadline, f"the app did not answer {want.name} in {timeout_s} s (got {code})"
-            time.sleep(0.5)
 
     def tei_client(self, calls: list[tuple[str, dict]]) -> list:
         """The answers of tei-client's GrpcClient to `calls`, run in a subprocess."""
         done = subprocess.run([sys.executable, "-c", TEI_CLIENT, self.address, json.dumps(calls)],
                               capture_output=True, text=True, timeout=90)
         assert done.returncode == 0, done.stderr
-        answers = json.loads(done.stdout)
-        return answers
-
-    def stop(self) -> None:
-        self.channel.close()
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")
