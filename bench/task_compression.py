@@ -72,7 +72,8 @@ def measure(engine: Engine, requests: list[Request]) -> dict:
     """N and N' of the whole 64-sequence batch (from its radix index and from the engine's forward), of the 8
     requests reranked one by one, and the mean tokens of each prompt part."""
     context = engine.context
-    encoded = [encode_rerank(context, QWEN3_RERANKER, r.query, r.passages, None, truncate=False) for r in requests]
+    encoded = [encode_rerank(context, QWEN3_RERANKER, r.query, r.passages, None, truncate=False,
+                             truncation_direction="right", max_document_tokens=None) for r in requests]
     batch = [seq for e in encoded for seq in e.sequences]
     index = build_radix_index(*flatten_sequences(batch))
     forward = engine.forward(batch, mode="full")
