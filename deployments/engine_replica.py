@@ -25,6 +25,7 @@ import torch
 from ray import serve
 from ray.exceptions import RayActorError
 
+from deployments import request_ids
 from deployments.batcher import TokenBudgetBatcher
 from deployments.config import AppArgs
 from deployments.index_builder import IndexBuilder, build_batch
@@ -59,8 +60,7 @@ class EngineReplica:
 
     async def submit(self, job: TaskJob, *, prefix_key: str | None = None, num_tokens: int = 1) -> Any:
         """One job's partial result; `prefix_key` and `num_tokens` are the routing contract (deployments.router)."""
-        request_id = serve.context._get_serve_request_context().request_id
-        return await self.batcher.submit(job, num_tokens, prefix_key, request_id=request_id)
+        return await self.batcher.submit(job, num_tokens, prefix_key, request_id=request_ids.current())
 
     def info(self) -> dict[str, Any]:
         return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,
