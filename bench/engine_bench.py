@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timing import interleaved_medians
+from timing import interleaved_timings
 from tqdm import tqdm
 
 from radix_core.engine import Engine
@@ -153,7 +153,8 @@ def _status_kb(field: str) -> int:
 
 
 def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
-    rows = ["| shape | N | N'/N | mode | time s | speed-up vs off | FLOP bound | achieved/bound | peak MB |",
+    rows = ["| shape | N | N'/N | mode | time s, median (min-max) | speed-up vs off | FLOP bound | achieved/bound "
+            "| peak MB |",
             "|---|---|---|---|---|---|---|---|---|"]
     for shape, make in tqdm(SHAPES.items(), desc="shapes", unit="shape"):
         sequences = make(np.random.default_rng(0))
@@ -161,13 +162,13 @@ def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
         index = build_radix_index(ids, cu)
         runners = {m: (lambda m=m: engine.last_hidden_states(sequences, mode=m)) for m in MODES}
         runners["transformers (padded)"] = lambda: padded_transformers(hf_model, sequences)
-        times = interleaved_medians(runners, repeats)
+        times = interleaved_timings(runners, repeats)
         off_flops = mode_flops(size, sequences, "off", engine.radix_threshold)
-        for name, seconds in times.items():
-            speedup = times["off"] / seconds
+        for name, timing in times.items():
+            speedup = times["off"].median / timing.median
             bound = off_flops / mode_flops(size, sequences, name if name in MODES else "off", engine.radix_threshold)
             memory = peak_memory_mb(model_dir, shape, name if name in MODES else "transformers")
-            rows.append(f"| {shape} | {index.num_tokens} | {index.compression:.3f} | {name} | {seconds:.3f} | "
+            rows.append(f"| {shape} | {index.num_tokens} | {index.compression:.3f} | {name} | {timing} | "
                         f"{speedup:.2f}x | {bound:.2f}x | {speedup / bound:.2f} | {memory:.0f} |")
             tqdm.write(rows[-1])
     return rows
@@ -178,10 +179,10 @@ def sweep(engine, repeats) -> dict[str, list[float]]:
     speedups = {"mlp": [], "full": []}
     for prefix in tqdm(SWEEP_PREFIXES, desc="prefix sweep", unit="length"):
         sequences = synthetic_prefix(np.random.default_rng(1), prefix=prefix)
-        times = interleaved_medians({m: (lambda m=m: engine.last_hidden_states(sequences, mode=m))
-                            for m in ("off", "mlp", "full")}, repeats)
+        times = interleaved_timings({m: (lambda m=m: engine.last_hidden_states(sequences, mode=m))
+                                     for m in ("off", "mlp", "full")}, repeats)
         for mode in speedups:
-            speedups[mode].append(times["off"] / times[mode])
+            speedups[mode].append(times["off"].median / times[mode].median)
         tqdm.write(f"prefix {prefix}: " + ", ".join(f"{m} {v[-1]:.2f}x" for m, v in speedups.items()))
     return speedups
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from radix_mlp import compute_fold_and_scatter
-from timing import interleaved_medians
+from timing import interleaved_timings
 from tqdm import tqdm
 
 from radix_core.index import build_radix_index
@@ -46,11 +46,12 @@ def main() -> None:
     grid = [(batch, length, ratio) for batch, length in SHAPES for ratio in RATIOS]
     for batch, length, ratio in tqdm(grid, desc="index builds", unit="shape"):
         ids, pos, cu = make_batch(batch, length, ratio, rng)
-        t = interleaved_medians({
+        timings = interleaved_timings({
             "rust": lambda: compute_fold_and_scatter(ids, pos, cu),
             "ours": lambda: build_radix_index(ids, cu, pos),
             "numpy": lambda: build_radix_index(ids, cu, pos, backend="numpy"),
         }, args.repeats, warmup=False)
+        t = {name: timing.median for name, timing in timings.items()}
         compression = build_radix_index(ids, cu, pos).compression
         points.setdefault(f"{batch}x{length}", []).append((compression, {k: v * 1e3 for k, v in t.items()}))
         rows.append(f"| {batch}x{length} | {ratio:.2f} | {compression:.3f} | {t['rust'] * 1e3:.3f} | "

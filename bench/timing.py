@@ -1,24 +1,40 @@
-"""Side-by-side timing for the benchmarks: every candidate runs in one process, interleaved per repetition,
-so drift of the machine (other load, memory state) touches all of them alike."""
+"""Side-by-side timing for the benchmarks: every candidate runs in one process, interleaved per repetition, so
+drift of the machine (other load, memory state) touches all of them alike; the order rotates every round, so no
+candidate always runs first (after another's allocations) or last."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 
-def interleaved_medians(runners: dict[str, Callable[[], object]], repeats: int,
-                        warmup: bool = True) -> dict[str, float]:
-    """Median seconds per runner over `repeats` interleaved rounds (after one warm-up call each)."""
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one candidate over the rounds."""
+
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.median:.3f} ({self.low:.3f}-{self.high:.3f})"
+
+
+def interleaved_timings(runners: dict[str, Callable[[], object]], repeats: int,
+                        warmup: bool = True) -> dict[str, Timing]:
+    """Median, min and max seconds per runner over `repeats` rounds (after one warm-up call each); round r runs
+    the runners in their order rotated by r."""
     if warmup:
         for run in runners.values():
             run()
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
+    names = list(runners)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
-            run()
+            runners[name]()
             times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
+    return {name: Timing(float(np.median(t)), min(t), max(t)) for name, t in times.items()}
