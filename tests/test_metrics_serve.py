@@ -108,12 +108,12 @@ def post(url: str, body: dict, key: str | None) -> tuple[int, dict[str, str]]:
 
 
 def scrape(url: str) -> dict[str, list]:
-    """Metric family name -> its samples, from Ray's Prometheus endpoint; of the `radixserve_*` metrics only those
-    the application's replicas recorded (tagged `application`): metrics this test process recorded itself in
-    other tests (tests/test_metrics.py meters requests without a cluster) are exported too once it joins one."""
+    """Metric family name -> its samples, from Ray's Prometheus endpoint; of the request metrics only those the
+    ingress recorded (tagged with the application): request meters this test process recorded itself in other
+    tests (tests/test_metrics.py, without a cluster) are exported too once it joins one."""
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     return {family.name: [s for s in family.samples
-                          if "radixserve_" not in s.name or s.labels.get("application") == "radixserve"]
+                          if "radixserve_request" not in s.name or s.labels.get("application") == "radixserve"]
             for family in text_string_to_metric_families(text)}
 
 
