@@ -34,6 +34,7 @@ import numpy as np
 import ray
 import yaml
 from ray import serve
+from routing_bench import builder_stats
 from task_compression import corpus_text
 from tqdm import tqdm
 
@@ -151,8 +152,7 @@ def served(model_dir: str, radix: str, requests: list[tuple[str, dict]], clients
 
 
 def builder_totals() -> dict[str, int]:
-    names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("index-builder-")]
-    stats = ray.get([ray.get_actor(a["name"], namespace=a["namespace"]).stats.remote() for a in names])
+    stats = builder_stats()
     return {key: sum(s[key] for s in stats) for key in ("tokens", "compact_tokens")}
 
 

@@ -45,6 +45,7 @@ from deployments.metrics import API_GRPC, API_TEI_GRPC, IngressMetrics, count_us
 from deployments.model_card import model_card
 from radix_core.tasks import TASKS, Task, TaskJob, load_task_context, task_of
 from radixserve import __version__
+from radixserve.client import RETRY_AFTER_KEY
 from radixserve.tei.v1 import tei_pb2 as tei
 from radixserve.v1 import scoring_pb2 as pb
 
@@ -55,7 +56,6 @@ HEALTH_SERVICES = ("", "radixserve.v1.Scoring")  # the server as a whole, and th
 INFO_REPLIES = {pb.InfoRequest: (pb.InfoResponse, grpc_codec.info_to_pb, API_GRPC),  # Info's answer, api label
                 tei.InfoRequest: (tei.InfoResponse, tei_grpc.info_to_pb, API_TEI_GRPC)}
 TEI_STREAM_WINDOW = 64  # messages of one bidirectional tei.v1 stream answered at once (the engine batches them)
-RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a refusal: when the engine expects room again
 
 
 class TeiStreamEnded(Exception):

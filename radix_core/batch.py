@@ -52,7 +52,7 @@ def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str
     """Check `sequences` against `limits`, index them and resolve `mode` ("auto" per batch compression)."""
     if mode not in RADIX_CHOICES:
         raise ValueError(f"unknown radix mode {mode!r}: choose one of {', '.join(RADIX_CHOICES)}")
-    input_ids, cu_seqlens = _flat(sequences)
+    input_ids, cu_seqlens = flatten_sequences(sequences)
     check_tokens(input_ids, cu_seqlens, limits)
     if mode == "off":
         return PreparedBatch(input_ids, cu_seqlens, "off", None)
@@ -60,18 +60,6 @@ def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str
     if mode == "auto":
         mode = "full" if index.compression <= limits.radix_threshold else "off"
     return PreparedBatch(input_ids, cu_seqlens, mode, index if mode != "off" else None)
-
-
-def _flat(sequences: TokenSequences | Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(flat ids `(N,)`, `cu_seqlens` `(B+1,)`), both int64; an empty batch or sequence is a ValueError."""
-    if not isinstance(sequences, TokenSequences):
-        return flatten_sequences(sequences)
-    if len(sequences) == 0:
-        raise ValueError("the batch is empty: give at least one sequence")
-    empty = np.flatnonzero(sequences.lengths == 0)
-    if empty.size:
-        raise ValueError(f"sequence {int(empty[0])} is empty: every sequence needs at least one token")
-    return sequences.ids.astype(np.int64), sequences.cu.astype(np.int64, copy=False)
 
 
 def check_tokens(input_ids: np.ndarray, cu_seqlens: np.ndarray, limits: BatchLimits) -> None:

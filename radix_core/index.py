@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from radix_core import trie_numpy
+from radix_core.tokens import TokenSequences
 
 try:
     from radix_mlp import compute_fold_and_scatter as _rust_fold_and_scatter
@@ -114,14 +115,18 @@ class AttentionBlocks:
     max_seqlen_k: int  # longest path among the kept sequences
 
 
-def flatten_sequences(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """A batch of token-id lists -> (flat ids `(N,)`, `cu_seqlens` `(B+1,)`), both int64."""
+def flatten_sequences(sequences: TokenSequences | Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of token-id lists, or `TokenSequences` -> (flat ids `(N,)`, `cu_seqlens` `(B+1,)`), both int64."""
     if len(sequences) == 0:
         raise ValueError("the batch is empty: give at least one sequence")
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    packed = isinstance(sequences, TokenSequences)
+    lengths = sequences.lengths if packed else np.fromiter((len(s) for s in sequences), dtype=np.int64,
+                                                           count=len(sequences))
     empty = np.flatnonzero(lengths == 0)
     if empty.size:
         raise ValueError(f"sequence {int(empty[0])} is empty: every sequence needs at least one token")
+    if packed:
+        return sequences.ids.astype(np.int64), sequences.cu.astype(np.int64, copy=False)
     cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu_seqlens[1:])
     input_ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])

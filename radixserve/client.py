@@ -35,7 +35,7 @@ from radixserve.v1 import scoring_pb2 as pb
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
-RETRY_AFTER_KEY = "retry-after-ms"
+RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a refusal: when the engine expects room (the ingress sets it)
 # gRPC clients accept 4 MiB replies by default; 1024 embeddings of 4096 float32 are 16 MiB.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
