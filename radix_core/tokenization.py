@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 from transformers import AutoTokenizer
 
 from radix_core.architectures import model_load_error
@@ -350,6 +350,12 @@ class PromptTokenizer:
 
     def _only_marked_specials(self, text: _Marked) -> bool:
         return self._specials is None or {m.span() for m in self._specials.finditer(text.text)} <= set(text.specials)
+
+    def encode_user(self, texts: Sequence[str], add_special_tokens: bool, trust: bool = False) -> list[Encoding]:
+        """Encodings (ids, tokens, offsets) of user texts as the tasks encode them: special-token literals as plain
+        text unless `trust` (`special_tokens_in_user_text`); the tokenizer's own affixes with `add_special_tokens`."""
+        backend = self.tokenizer.backend_tokenizer if trust else self._plain
+        return backend.encode_batch(list(texts), add_special_tokens=add_special_tokens) if texts else []
 
     def _encode_plain(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of `texts` with special-token literals as plain text."""

@@ -35,6 +35,7 @@ from deployments.http.errors import UNHEALTHY, VALIDATION, ApiError, ErrorKind
 from deployments.http.service import Service
 from radix_core.tasks import PredictResult, RerankResult, Usage
 from radix_core.tasks.base import check_items
+from radix_core.tokenization import PromptTokenizer
 
 HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers within this
 
@@ -148,8 +149,9 @@ class TeiDialect(Dialect):
                 check_items("inputs", texts, service.scorer.context.config.max_items)
             except ValueError as err:
                 raise ApiError(VALIDATION, str(err)) from None
-            tokenizer = service.scorer.context.prompt_tokenizer().tokenizer
-            return await service.respond(_tokens, tokenizer, texts, body.add_special_tokens)
+            context = service.scorer.context
+            return await service.respond(_tokens, context.prompt_tokenizer(), texts, body.add_special_tokens,
+                                         context.config.special_tokens_in_user_text)
 
         @router.get("/info", response_model=Info, summary="TEI info: the model, its type and limits")
         async def info():
@@ -230,13 +232,13 @@ async def _predict(service: Service, items: Sequence[str | tuple[str, str]],
     return rows, Usage.total([result.usage for result in results])
 
 
-def _tokens(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
-    encoded = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    special = set(tokenizer.all_special_ids)
+def _tokens(prompts: PromptTokenizer, texts: list[str], add_special_tokens: bool,
+            trust: bool) -> list[list[dict[str, Any]]]:
+    """Each text's tokens as the tasks encode user text (special-token literals plain unless `trust`)."""
+    special = set(prompts.tokenizer.all_special_ids)
     out = []
-    for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"]):
-        pieces = tokenizer.convert_ids_to_tokens(ids)
+    for text, encoding in zip(texts, prompts.encode_user(texts, add_special_tokens, trust)):
         out.append([{"id": i, "text": piece if i in special else text[start:stop], "special": i in special,
                      "start": None if i in special else start, "stop": None if i in special else stop}
-                    for i, piece, (start, stop) in zip(ids, pieces, offsets)])
+                    for i, piece, (start, stop) in zip(encoding.ids, encoding.tokens, encoding.offsets)])
     return out
