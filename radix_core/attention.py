@@ -1,21 +1,24 @@
 """Attention backends over ragged batches, for all three engine layouts.
 
-Every mode reduces to one problem, described by `AttentionMetadata` (built once per batch): sequence `s`
-attends with query rows `cu_seqlens_q[s]:cu_seqlens_q[s+1]` of `q` to key/value rows `kv_index[k_s:k_e]`
-(`k_s, k_e = cu_seqlens_k[s], cu_seqlens_k[s+1]`) of `k`/`v`, causal and aligned bottom-right (query `j` of
-`Lq` sees path positions `0 .. Lk - Lq + j`). Every sequence in the metadata has `Lq >= 1`: a sequence that
-adds no queries (`full` mode's duplicates) is left out when the plan is built (`RadixIndex.attention_blocks`).
+Every mode reduces to at most two kinds of attention call, described by `AttentionMetadata` (built once per
+batch) and merged exactly:
 
-* `off`: rows are the original tokens; `kv_index` is None (rows in place), `cu_q == cu_k`.
-* `mlp` (RadixMLP as published): q/k/v are first scattered from compact rows to the original layout, attention
-  runs there as in `off`, and the output is gathered back with `fold_gather`.
-* `full` (compact attention): queries are the compact rows themselves (each sequence's added block);
-  `kv_index` is `scatter` over the sequences that add queries, so keys/values are each one's whole path read
-  from compact K/V.
+* **Causal blocks** (`CausalBlocks`): block `j` is the rows `cu_seqlens[j]:cu_seqlens[j+1]`, attending causally
+  to themselves (query `i` of the block sees keys `0..i`). In `off` the blocks are the sequences; in `mlp`
+  (RadixMLP as published) q/k/v are first scattered from compact rows to the original layout, the blocks are
+  the sequences there, and the output is gathered back with `fold_gather`; in `full` (compact attention) the
+  blocks are the radix tree's segments (`radix_core.cascade`).
+* **Prefix blocks** (`PrefixBlocks`, `full` mode with sharing): block `j`'s queries are the rows
+  `q_rows[cu_seqlens_q[j]:cu_seqlens_q[j+1]]` (every row below one shared segment) and its keys are that
+  segment's rows `key_start[j]:key_end[j]`, read in place and unmasked. Each shared prefix's K/V is read once for
+  all the queries below it; nothing is gathered per sequence along its path.
 
-Backends: `torch` (CPU and reference: one `scaled_dot_product_attention` per group of equal shapes), `flash`
-(flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` on CUDA over gathered K/V), `triton`
-(`radix_core.kernels.compact_attention`, reading K/V through the path index).
+Both return the output and the log-sum-exp of each query's scores; `merge_prefix` combines a row's causal
+result with its prefix results (one per ancestor segment) into the softmax over its whole path.
+
+Backends: `torch` (CPU and reference: one attention call per group of equal-length causal blocks and one per
+prefix block, with the log-sum-exp), `flash` (flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` on CUDA),
+`triton` (`radix_core.kernels.segment_attention`).
 """
 
 from __future__ import annotations
@@ -25,47 +28,64 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
-import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class CausalBlocks:
+    """Blocks of rows, each attending causally to itself; on the engine's device."""
+
+    cu_seqlens: torch.Tensor  # (J+1,) int32 block boundaries, covering every row
+    max_seqlen: int
+
+    @cached_property
+    def groups(self) -> list[tuple[int, torch.Tensor | slice]]:
+        """Blocks of equal length `L`, as (L, their rows back to back): one batched call each, no padding."""
+        bounds = self.cu_seqlens.tolist()
+        by_length: dict[int, list[int]] = {}
+        for start, end in zip(bounds, bounds[1:]):
+            by_length.setdefault(end - start, []).append(start)
+        return [(length, _rows(starts, length, self.cu_seqlens.device)) for length, starts in by_length.items()]
+
+
+@dataclass
+class PrefixBlocks:
+    """Queries gathered from anywhere, each block against one contiguous range of key rows, unmasked."""
+
+    q_rows: torch.Tensor  # (P,) int64 rows of q, block after block
+    cu_seqlens_q: torch.Tensor  # (J+1,) int32 block boundaries in q_rows
+    key_start: torch.Tensor  # (J,) int32 first key row of each block
+    key_end: torch.Tensor  # (J,) int32 end of each block's key rows
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @cached_property
+    def bounds(self) -> list[tuple[int, int, int, int]]:
+        """Per block (q_start, q_end, k_start, k_end) as Python ints, for backends that loop."""
+        q, k_start, k_end = self.cu_seqlens_q.tolist(), self.key_start.tolist(), self.key_end.tolist()
+        return [(q[j], q[j + 1], k_start[j], k_end[j]) for j in range(len(k_start))]
+
+    @cached_property
+    def key_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key rows back to back (K,) int64, their block boundaries (J+1,) int32), for kernels that take K/V
+        back to back: the shared segments once each, at most N' rows."""
+        starts = self.key_start.long()  # (J,)
+        lengths = self.key_end.long() - starts  # (J,)
+        cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=lengths.device)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        offsets = torch.repeat_interleave(starts - cu[:-1].long(), lengths)  # (K,)
+        return torch.arange(offsets.shape[0], device=offsets.device) + offsets, cu
 
 
 @dataclass
 class AttentionMetadata:
     """What one batch's attention needs, on the engine's device."""
 
-    cu_seqlens_q: torch.Tensor  # (B+1,) int32 query row boundaries, no empty block
-    cu_seqlens_k: torch.Tensor  # (B+1,) int32 key boundaries in kv_index (or in rows, when kv_index is None)
-    max_seqlen_q: int
-    max_seqlen_k: int
-    kv_index: torch.Tensor | None = None  # (total_k,) int64 rows of k/v forming each sequence's path
+    causal: CausalBlocks
+    prefix: PrefixBlocks | None = None  # `full` mode with sharing
     qkv_scatter: torch.Tensor | None = None  # (N,) int64 `mlp` mode: compact -> original rows before attention
     out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
-
-    @cached_property
-    def bounds(self) -> list[tuple[int, int, int, int]]:
-        """Per sequence (q_start, q_end, k_start, k_end) as Python ints, for backends that loop."""
-        q = self.cu_seqlens_q.tolist()
-        k = self.cu_seqlens_k.tolist()
-        return [(q[s], q[s + 1], k[s], k[s + 1]) for s in range(len(q) - 1)]
-
-    @cached_property
-    def shape_groups(self) -> list[ShapeGroup]:
-        """Sequences with equal (Lq, Lk), each group one batched attention call without padding. Key rows count
-        along the keys' layout (`cu_seqlens_k`), i.e. after gathering through `kv_index`. Built once per batch,
-        used by every layer."""
-        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for q_start, q_end, k_start, k_end in self.bounds:
-            by_shape.setdefault((q_end - q_start, k_end - k_start), []).append((q_start, k_start))
-        return [self._group(lq, lk, starts) for (lq, lk), starts in by_shape.items()]
-
-    def _group(self, lq: int, lk: int, starts: list[tuple[int, int]]) -> ShapeGroup:
-        """Rows as slices where they are back to back (views, no copy), else as index tensors."""
-        device = self.cu_seqlens_q.device
-        q_rows = _rows([q for q, _ in starts], lq, device)
-        k_rows = _rows([k for _, k in starts], lk, device)
-        mask = None if lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
-        return ShapeGroup(lq, lk, len(starts), q_rows, k_rows, mask)
 
 
 def _rows(starts: list[int], length: int, device) -> torch.Tensor | slice:
@@ -75,57 +95,108 @@ def _rows(starts: list[int], length: int, device) -> torch.Tensor | slice:
     return (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).reshape(-1)
 
 
-@dataclass
-class ShapeGroup:
-    """`count` sequences with `lq` queries and `lk` keys each: their query rows and key/value rows, back to back."""
-
-    lq: int
-    lk: int
-    count: int
-    q_rows: torch.Tensor | slice  # (count*lq,) rows of q
-    k_rows: torch.Tensor | slice  # (count*lk,) rows of the keys' layout
-    mask: torch.Tensor | None  # (lq, lk) bool, bottom-right causal; None when lq == lk (plain causal)
+def merge_prefix(out: torch.Tensor, lse: torch.Tensor, prefix_out: torch.Tensor, prefix_lse: torch.Tensor,
+                 rows: torch.Tensor) -> torch.Tensor:
+    """Softmax over a row's whole path from its parts: `out` (R, H, D) and `lse` (R, H) of the causal blocks,
+    `prefix_out` (P, H, D) and `prefix_lse` (P, H) of the prefix blocks, whose query `i` is row `rows[i]`.
+    Each part is weighted by exp(its lse - the row's largest lse), in float32; returns `out`'s dtype."""
+    index = rows[:, None].expand(-1, lse.shape[1])  # (P, H)
+    top = lse.scatter_reduce(0, index, prefix_lse, "amax")  # (R, H) the row's largest lse, for stability
+    weight = torch.exp(lse - top)  # (R, H)
+    prefix_weight = torch.exp(prefix_lse - top.index_select(0, rows))  # (P, H)
+    total = (out.float() * weight[..., None]).index_add_(0, rows, prefix_out.float() * prefix_weight[..., None])
+    norm = weight.index_add_(0, rows, prefix_weight)  # (R, H)
+    return (total / norm[..., None]).to(out.dtype)
 
 
 class AttentionBackend:
-    """`attend(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale) -> (Nq, Hq, D)`."""
+    """`attention(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale) -> (Nq, Hq, D)` from two
+    primitives, each returning (out, lse (rows, Hq) float32 natural log)."""
 
     name = "abstract"
 
     def __call__(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         if meta.qkv_scatter is not None:  # RadixMLP: attention in the original layout
             q, k, v = (t.index_select(0, meta.qkv_scatter) for t in (q, k, v))  # (N, H, D)
-            return self.attend(q, k, v, meta, scale).index_select(0, meta.out_gather)  # (N', Hq, D)
-        return self.attend(q, k, v, meta, scale)
+            return self.causal_blocks(q, k, v, meta.causal, scale)[0].index_select(0, meta.out_gather)  # (N', Hq, D)
+        out, lse = self.causal_blocks(q, k, v, meta.causal, scale)
+        if meta.prefix is None:
+            return out
+        prefix_out, prefix_lse = self.prefix_blocks(q, k, v, meta.prefix, scale)
+        return merge_prefix(out, lse, prefix_out, prefix_lse, meta.prefix.q_rows)
 
-    def attend(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def causal_blocks(self, q, k, v, blocks: CausalBlocks, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def prefix_blocks(self, q, k, v, blocks: PrefixBlocks, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
 
 class TorchAttention(AttentionBackend):
-    """`scaled_dot_product_attention` per group of equal-shape sequences (`AttentionMetadata.shape_groups`), over
-    K/V gathered once per layer along the sequences' paths; the CPU path and the reference for the others."""
+    """Attention with its log-sum-exp per group of equal-length causal blocks and per prefix block, K/V read in
+    place; the CPU path and the reference for the others. On the CPU it calls the kernel that
+    `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also returns
+    the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
 
     name = "torch"
 
-    def attend(self, q, k, v, meta, scale):
-        if meta.kv_index is not None:
-            k, v = k.index_select(0, meta.kv_index), v.index_select(0, meta.kv_index)  # (total_k, Hkv, D)
-        out = torch.empty_like(q)  # (Nq, Hq, D); every query row belongs to exactly one sequence
+    def causal_blocks(self, q, k, v, blocks, scale):
+        out = torch.empty_like(q)  # (R, Hq, D); every row belongs to exactly one block
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # (R, Hq)
         heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-        for g in meta.shape_groups:
-            qs = q[g.q_rows].view(g.count, g.lq, heads, dim).transpose(1, 2)  # (G, Hq, Lq, D)
-            ks = k[g.k_rows].view(g.count, g.lk, kv_heads, dim).transpose(1, 2)  # (G, Hkv, Lk, D)
-            vs = v[g.k_rows].view(g.count, g.lk, kv_heads, dim).transpose(1, 2)  # (G, Hkv, Lk, D)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, is_causal=g.mask is None, scale=scale,
-                                               enable_gqa=heads != kv_heads)  # (G, Hq, Lq, D)
-            out[g.q_rows] = o.transpose(1, 2).reshape(-1, heads, dim)
-        return out
+        for length, rows in blocks.groups:
+            qs = q[rows].view(-1, length, heads, dim).transpose(1, 2)  # (G, Hq, L, D)
+            ks = k[rows].view(-1, length, kv_heads, dim).transpose(1, 2)  # (G, Hkv, L, D)
+            vs = v[rows].view(-1, length, kv_heads, dim).transpose(1, 2)  # (G, Hkv, L, D)
+            o, l = _attention_with_lse(qs, ks, vs, True, scale)  # (G, Hq, L, D), (G, Hq, L)
+            out[rows] = o.transpose(1, 2).reshape(-1, heads, dim)
+            lse[rows] = l.transpose(1, 2).reshape(-1, heads)
+        return out, lse
+
+    def prefix_blocks(self, q, k, v, blocks, scale):
+        queries = q.index_select(0, blocks.q_rows)  # (P, Hq, D)
+        out = torch.empty_like(queries)
+        lse = torch.empty(queries.shape[:2], dtype=torch.float32, device=q.device)  # (P, Hq)
+        for q_start, q_end, k_start, k_end in blocks.bounds:
+            o, l = _attention_with_lse(queries[q_start:q_end].transpose(0, 1)[None],  # (1, Hq, Lq, D)
+                                       k[k_start:k_end].transpose(0, 1)[None],  # (1, Hkv, Lk, D)
+                                       v[k_start:k_end].transpose(0, 1)[None], False, scale)
+            out[q_start:q_end] = o[0].transpose(0, 1)
+            lse[q_start:q_end] = l[0].transpose(0, 1)
+        return out, lse
+
+
+_MATH_CHUNK = 1 << 24  # score elements per step of the matmul fallback (64 MiB of float32)
+
+
+def _attention_with_lse(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`q` (G, Hq, Lq, D) over `k`, `v` (G, Hkv, Lk, D), grouped-query heads, causal (square blocks) or not ->
+    (out (G, Hq, Lq, D) in q's dtype, lse (G, Hq, Lq) float32)."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    return _math_attention_with_lse(q, k, v, causal, scale)
+
+
+def _math_attention_with_lse(q, k, v, causal: bool, scale: float, chunk: int = _MATH_CHUNK):
+    """`_attention_with_lse` in float32 matmuls, `chunk` score elements at a time (queries split)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1).float() for t in (k, v))  # (G, Hq, Lk, D)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    step = max(1, chunk // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
+    for start in range(0, q.shape[2], step):
+        scores = q[:, :, start:start + step].float() @ k.transpose(-1, -2) * scale  # (G, Hq, chunk, Lk)
+        if causal:
+            visible = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(start)
+            scores = scores.masked_fill(~visible, float("-inf"))
+        lse[:, :, start:start + step] = torch.logsumexp(scores, dim=-1)
+        out[:, :, start:start + step] = (scores.softmax(dim=-1) @ v).to(q.dtype)
+    return out, lse
 
 
 class FlashAttention(AttentionBackend):
     """flash-attn 4 varlen (CuTe DSL kernels, compiled at first use; compute capability 8.x to 12.x) on CUDA:
-    causal masks align bottom-right when `seqlen_q < seqlen_k`, grouped-query heads, int32 `cu_seqlens`."""
+    grouped-query heads, int32 `cu_seqlens`, the log-sum-exp returned as (heads, rows)."""
 
     name = "flash"
 
@@ -134,32 +205,44 @@ class FlashAttention(AttentionBackend):
 
         self._varlen = flash_attn_varlen_func
 
-    def attend(self, q, k, v, meta, scale):
-        if meta.kv_index is not None:
-            k, v = k.index_select(0, meta.kv_index), v.index_select(0, meta.kv_index)  # (total_k, Hkv, D)
-        out, _ = self._varlen(q, k, v, cu_seqlens_q=meta.cu_seqlens_q, cu_seqlens_k=meta.cu_seqlens_k,
-                              max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, softmax_scale=scale,
-                              causal=True)  # (Nq, Hq, D) and the log-sum-exp (None unless asked)
-        return out
+    def causal_blocks(self, q, k, v, blocks, scale):
+        out, lse = self._varlen(q, k, v, cu_seqlens_q=blocks.cu_seqlens, cu_seqlens_k=blocks.cu_seqlens,
+                                max_seqlen_q=blocks.max_seqlen, max_seqlen_k=blocks.max_seqlen,
+                                softmax_scale=scale, causal=True, return_lse=True)  # (R, Hq, D), (Hq, R)
+        return out, lse.transpose(0, 1)
+
+    def prefix_blocks(self, q, k, v, blocks, scale):
+        key_rows, cu_seqlens_k = blocks.key_rows  # the shared segments back to back
+        out, lse = self._varlen(q.index_select(0, blocks.q_rows), k.index_select(0, key_rows),
+                                v.index_select(0, key_rows), cu_seqlens_q=blocks.cu_seqlens_q,
+                                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=blocks.max_seqlen_q,
+                                max_seqlen_k=blocks.max_seqlen_k, softmax_scale=scale, causal=False,
+                                return_lse=True)  # (P, Hq, D), (Hq, P)
+        return out, lse.transpose(0, 1)
 
 
 class TritonAttention(AttentionBackend):
-    """`radix_core.kernels.compact_attention`: K/V read through the path index inside the kernel, no gathered
-    copy; compiled on CUDA, interpreted on the CPU under `TRITON_INTERPRET=1` (tests)."""
+    """`radix_core.kernels.segment_attention`: queries and K/V read in place (queries of prefix blocks through
+    their row index), nothing gathered; compiled on CUDA, interpreted on the CPU under `TRITON_INTERPRET=1`
+    (tests)."""
 
     name = "triton"
 
     def __init__(self, device: torch.device):
-        from radix_core.kernels import compact_attention, triton_available
+        from radix_core.kernels import segment_attention, triton_available
 
         if not triton_available(device):
             raise ValueError(f"attention='triton' needs a CUDA device (or TRITON_INTERPRET=1 set before triton is "
                              f"imported, for tests on the CPU); got {device}")
-        self._attention = compact_attention
+        self._attention = segment_attention
 
-    def attend(self, q, k, v, meta, scale):
-        rows = meta.kv_index if meta.kv_index is not None else torch.arange(k.shape[0], device=k.device)
-        return self._attention(q, k, v, rows, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_seqlen_q, scale)
+    def causal_blocks(self, q, k, v, blocks, scale):
+        cu = blocks.cu_seqlens
+        return self._attention(q, k, v, cu, cu[:-1], cu[1:], blocks.max_seqlen, causal=True, scale=scale)
+
+    def prefix_blocks(self, q, k, v, blocks, scale):
+        return self._attention(q, k, v, blocks.cu_seqlens_q, blocks.key_start, blocks.key_end,
+                               blocks.max_seqlen_q, q_rows=blocks.q_rows, causal=False, scale=scale)
 
 
 ATTENTION_CHOICES = ("auto", "torch", "flash", "triton")

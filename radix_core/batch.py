@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radix_core.cascade import CascadePlan, cascade_plan
 from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
 from radix_core.tokens import TokenSequences
 
@@ -37,6 +38,7 @@ class PreparedBatch:
     cu_seqlens: np.ndarray  # (B+1,) int64
     mode: str  # "off", "mlp" or "full" ("auto" already resolved)
     index: RadixIndex | None  # None in "off" mode
+    cascade: CascadePlan | None = None  # "full" mode's attention plan
 
     @property
     def num_tokens(self) -> int:
@@ -59,7 +61,9 @@ def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str
     index = build_radix_index(input_ids, cu_seqlens)
     if mode == "auto":
         mode = "full" if index.compression <= limits.radix_threshold else "off"
-    return PreparedBatch(input_ids, cu_seqlens, mode, index if mode != "off" else None)
+    if mode == "off":
+        return PreparedBatch(input_ids, cu_seqlens, "off", None)
+    return PreparedBatch(input_ids, cu_seqlens, mode, index, cascade_plan(index) if mode == "full" else None)
 
 
 def check_tokens(input_ids: np.ndarray, cu_seqlens: np.ndarray, limits: BatchLimits) -> None:

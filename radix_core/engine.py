@@ -107,7 +107,7 @@ class Engine:
         if prepared.mode == "off":
             plan = plan_ragged(prepared.input_ids, prepared.cu_seqlens, self.device)
         else:
-            plan = plan_compact(prepared.index, prepared.mode, self.device)
+            plan = plan_compact(prepared, self.device)
         return ForwardResult(prepared, plan, run_layers(self.arch, plan, self.backend), self.arch.head_module)
 
     def forward(self, sequences: Sequence[Sequence[int]], mode: str | None = None) -> ForwardResult:

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from radix_core.architectures import Architecture
-from radix_core.attention import AttentionBackend, AttentionMetadata
-from radix_core.index import RadixIndex, sequence_positions
+from radix_core.attention import AttentionBackend, AttentionMetadata, CausalBlocks, PrefixBlocks
+from radix_core.batch import PreparedBatch
+from radix_core.index import sequence_positions
 
 
 @dataclass
@@ -40,9 +41,6 @@ class BatchPlan:
 
 def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.device) -> BatchPlan:
     """`off`: every original token is a row, attention per sequence in place."""
-    lengths = np.diff(cu_seqlens)  # (B,)
-    cu = _upload(cu_seqlens, torch.int32, device)  # (B+1,)
-    max_len = int(lengths.max())
     return BatchPlan(
         mode="off",
         row_ids=_upload(input_ids, torch.int64, device),
@@ -50,23 +48,29 @@ def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.dev
         row_of_token=torch.arange(int(cu_seqlens[-1]), device=device),
         cu_seqlens=cu_seqlens,
         cu_rows=cu_seqlens,
-        attention=AttentionMetadata(cu, cu, max_len, max_len),
+        attention=AttentionMetadata(_causal_blocks(cu_seqlens, device)),
     )
 
 
-def plan_compact(index: RadixIndex, mode: str, device: torch.device) -> BatchPlan:
-    """`mlp` or `full`: compact tokens are the rows; attention as RadixMLP (`mlp`) or compact (`full`)."""
+def plan_compact(prepared: PreparedBatch, device: torch.device) -> BatchPlan:
+    """`mlp` or `full`: compact tokens are the rows; attention as RadixMLP (`mlp`: per sequence in the original
+    layout) or in compact space (`full`: causal over the trie's segments plus the shared-prefix blocks)."""
+    index, mode = prepared.index, prepared.mode
     scatter = _upload(index.scatter, torch.int64, device)  # (N,)
     if mode == "mlp":
-        cu = _upload(index.cu_seqlens, torch.int32, device)  # (B+1,)
-        attention = AttentionMetadata(cu, cu, index.max_seqlen_k, index.max_seqlen_k, qkv_scatter=scatter,
+        attention = AttentionMetadata(_causal_blocks(index.cu_seqlens, device), qkv_scatter=scatter,
                                       out_gather=_upload(index.fold_gather, torch.int64, device))
     else:
-        blocks = index.attention_blocks()  # sequences without queries left out
-        attention = AttentionMetadata(_upload(blocks.cu_seqlens_q, torch.int32, device),
-                                      _upload(blocks.cu_seqlens_k, torch.int32, device),
-                                      blocks.max_seqlen_q, blocks.max_seqlen_k,
-                                      kv_index=_upload(blocks.kv_index, torch.int64, device))
+        cascade = prepared.cascade
+        prefix = None
+        if cascade.has_prefix:
+            prefix = PrefixBlocks(_upload(cascade.prefix_rows, torch.int64, device),
+                                  _upload(cascade.prefix_cu, torch.int32, device),
+                                  _upload(cascade.prefix_key_start, torch.int32, device),
+                                  _upload(cascade.prefix_key_end, torch.int32, device),
+                                  int(np.diff(cascade.prefix_cu).max()),
+                                  int((cascade.prefix_key_end - cascade.prefix_key_start).max()))
+        attention = AttentionMetadata(_causal_blocks(cascade.segments, device), prefix)
     return BatchPlan(
         mode=mode,
         row_ids=_upload(index.compact_input_ids, torch.int64, device),
@@ -76,6 +80,11 @@ def plan_compact(index: RadixIndex, mode: str, device: torch.device) -> BatchPla
         cu_rows=index.cu_seqlens_q.astype(np.int64),  # the added blocks: searchsorted(fold_gather, cu_seqlens)
         attention=attention,
     )
+
+
+def _causal_blocks(bounds: np.ndarray, device: torch.device) -> CausalBlocks:
+    """Causal blocks over rows `bounds[j]:bounds[j+1]` (sequences, or the trie's segments)."""
+    return CausalBlocks(_upload(bounds, torch.int32, device), int(np.diff(bounds).max()))
 
 
 _NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}

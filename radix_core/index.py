@@ -6,10 +6,9 @@ batch; the `N` original tokens fold to `N' <= N` compact tokens (RadixMLP, arXiv
 
 Compact tokens are numbered in first-appearance order (trie creation order). Walking the sequences in order,
 the tokens a sequence adds to the trie are therefore one contiguous block of compact indices, and a suffix of
-its path: once a token is new, every later token of that sequence is new too. Compact attention uses that
-block as the sequence's queries and its whole path (`scatter[cu_seqlens[s]:cu_seqlens[s+1]]`) as its keys.
-A sequence that adds nothing (an exact duplicate, or a prefix of an earlier sequence) has an empty block;
-`RadixIndex.attention_blocks` leaves those sequences out of what a varlen attention kernel is handed.
+its path: once a token is new, every later token of that sequence is new too (`cu_seqlens_q`). A sequence
+that adds nothing (an exact duplicate, or a prefix of an earlier sequence) has an empty block. Compact
+attention's plan over these rows, the trie's segments, is `radix_core.cascade`.
 
 The trie itself is built by the `radix-mlp` package (the paper authors' exact Rust trie, x86-64 wheels) when
 it is installed, and by `radix_core.trie_numpy` otherwise; both give identical results.
@@ -47,8 +46,8 @@ class RadixIndex:
     compact_position_ids: np.ndarray  # (N',) position id of each compact token
     fold_gather: np.ndarray  # (N',) first original index of each compact token: x_c = x[fold_gather]
     scatter: np.ndarray  # (N,) compact index of each original token: x = x_c[scatter]
-    cu_seqlens: np.ndarray  # (B+1,) original sequence boundaries; also cu_seqlens_k for compact attention
-    cu_seqlens_q: np.ndarray  # (B+1,) compact attention queries: the added blocks, back to back in compact order
+    cu_seqlens: np.ndarray  # (B+1,) original sequence boundaries
+    cu_seqlens_q: np.ndarray  # (B+1,) the compact rows each sequence adds, back to back in compact order
 
     @property
     def num_tokens(self) -> int:
@@ -85,35 +84,6 @@ class RadixIndex:
     def max_seqlen_k(self) -> int:
         return int(np.diff(self.cu_seqlens).max())
 
-    def attention_blocks(self) -> AttentionBlocks:
-        """Compact attention's varlen problem over the sequences that add queries (see `AttentionBlocks`)."""
-        adds = self.block_len > 0  # (B,) false for duplicates and prefixes of earlier sequences
-        lengths = np.diff(self.cu_seqlens.astype(np.int64))  # (B,)
-        cu_seqlens_q = np.append(self.cu_seqlens_q[:-1][adds], self.cu_seqlens_q[-1])  # (B_q+1,) blocks back to back
-        cu_seqlens_k = np.zeros(int(adds.sum()) + 1, dtype=np.int64)  # (B_q+1,)
-        np.cumsum(lengths[adds], out=cu_seqlens_k[1:])
-        kv_index = self.scatter if adds.all() else self.scatter[np.repeat(adds, lengths)]  # (total_k,)
-        return AttentionBlocks(cu_seqlens_q.astype(np.int32), cu_seqlens_k.astype(np.int32), kv_index,
-                               self.max_seqlen_q, int(lengths[adds].max()))
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionBlocks:
-    """Compact attention as varlen kernels take it, without the sequences whose block is empty.
-
-    A sequence that adds no compact token has no query to compute, so it is left out: its path's K/V are not
-    gathered, and no kernel sees an empty query block (flash-attn 2's grouped-query path for `max_seqlen_q == 1`
-    reshapes `q` as one query per sequence and fails on them). Kept sequence `j` attends with compact rows
-    `cu_seqlens_q[j]:cu_seqlens_q[j+1]` to the rows `kv_index[cu_seqlens_k[j]:cu_seqlens_k[j+1]]`, its whole path.
-    The first sequence always adds its tokens, so `B_q >= 1`; the blocks still cover `0..N'`.
-    """
-
-    cu_seqlens_q: np.ndarray  # (B_q+1,) int32 query rows (compact) of the sequences that add tokens
-    cu_seqlens_k: np.ndarray  # (B_q+1,) int32 their paths' boundaries in kv_index
-    kv_index: np.ndarray  # (total_k,) uint32 compact row of each path position, paths back to back
-    max_seqlen_q: int  # longest block
-    max_seqlen_k: int  # longest path among the kept sequences
-
 
 def flatten_sequences(sequences: TokenSequences | Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """A batch of token-id lists, or `TokenSequences` -> (flat ids `(N,)`, `cu_seqlens` `(B+1,)`), both int64."""
@@ -148,7 +118,7 @@ def build_radix_index(input_ids, cu_seqlens, position_ids=None, *, backend: str 
     if pos.shape[0] != ids.shape[0]:
         raise ValueError(f"position_ids has {pos.shape[0]} entries but input_ids has {ids.shape[0]}")
     compact_ids, compact_pos, scatter, fold_gather = _fold_and_scatter(ids, pos, cu, backend)
-    return _with_attention_blocks(compact_ids, compact_pos, scatter, fold_gather, cu)
+    return _with_added_blocks(compact_ids, compact_pos, scatter, fold_gather, cu)
 
 
 def _fold_and_scatter(ids, pos, cu, backend):
@@ -161,7 +131,7 @@ def _fold_and_scatter(ids, pos, cu, backend):
     return _rust_fold_and_scatter(ids, pos, cu, None)
 
 
-def _with_attention_blocks(compact_ids, compact_pos, scatter, fold_gather, cu) -> RadixIndex:
+def _with_added_blocks(compact_ids, compact_pos, scatter, fold_gather, cu) -> RadixIndex:
     """Derive the added blocks: fold_gather is increasing (first-appearance order), so the compact tokens
     first seen before sequence s starts are exactly the first `searchsorted(fold_gather, cu[s])`."""
     return RadixIndex(

@@ -20,6 +20,7 @@ def golden_batches() -> dict[str, list[list[int]]]:
     tokens = lambda n: rng.integers(0, VOCAB, n).tolist()  # noqa: E731
     shared = tokens(300)
     stem = tokens(12)
+    system, query_a, query_b, other = tokens(40), tokens(10), tokens(7), tokens(25)
     return {
         "long-shared-prefix": [shared + tokens(n) for n in (20, 64, 1, 33)],
         "duplicates-and-prefixes": [stem + [5, 6], stem, stem + [5, 6], stem[:4], [stem[0]], stem + [5, 6, 7]],
@@ -27,6 +28,10 @@ def golden_batches() -> dict[str, list[list[int]]]:
         "one-sequence": [tokens(50)],
         "no-sharing": [tokens(n) for n in (17, 1, 40)],
         "up-to-1024": [shared + tokens(724), shared + tokens(100), tokens(1024)],
+        # two independent trees, depths 3 and 1, interleaved; a sequence ends where the tree branches
+        "prefix-groups-of-depths": [system + query_a + tokens(30), other + tokens(5), system + query_b + tokens(3),
+                                    system + query_a + tokens(17), other + tokens(20), system,
+                                    system + query_b + tokens(41), tokens(9), system + query_a[:4] + tokens(2)],
     }
 
 
@@ -75,8 +80,9 @@ def test_hidden_states_equal_transformers(engines, reference, family, mode, name
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", MODES)
 def test_lm_logits_equal_transformers(engines, tiny_model_dir, family, mode):
-    batch = BATCHES["duplicates-and-prefixes"] + BATCHES["long-shared-prefix"]
+    batch = BATCHES["duplicates-and-prefixes"] + BATCHES["long-shared-prefix"] + BATCHES["prefix-groups-of-depths"]
     positions = [[0, -1], [-1], [1, 2, -1], [-1], [0], [3, -2, -1], [-1, 0], [-1], [-1], [5, -1]]
+    positions += [[-1, 45], [0, -1], [-1], [-1], [-2, -1], [-1], [50, -1], [-1], [-1]]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(family, "causal_lm"), dtype=torch.float32).eval()
     got = engines(family, "causal_lm").lm_logits(batch, positions, mode=mode)
     for seq, pos, g in zip(batch, positions, got):
@@ -88,7 +94,7 @@ def test_lm_logits_equal_transformers(engines, tiny_model_dir, family, mode):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", MODES)
 def test_classification_scores_equal_transformers(engines, tiny_model_dir, family, mode):
-    batch = BATCHES["long-shared-prefix"] + BATCHES["single-tokens"]
+    batch = BATCHES["long-shared-prefix"] + BATCHES["single-tokens"] + BATCHES["prefix-groups-of-depths"]
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir(family, "seq_cls"),
                                                                dtype=torch.float32).eval()
     got = engines(family, "seq_cls").classification_scores(batch, mode=mode)
@@ -107,7 +113,7 @@ def test_every_head_gives_the_base_hidden_states(engines, reference, head):
 @pytest.mark.parametrize("mode", MODES)
 def test_batch_equals_per_sequence(engines, mode):
     engine = engines("qwen2", "causal_lm")
-    batch = BATCHES["long-shared-prefix"] + BATCHES["duplicates-and-prefixes"]
+    batch = BATCHES["long-shared-prefix"] + BATCHES["duplicates-and-prefixes"] + BATCHES["prefix-groups-of-depths"]
     together = engine.last_hidden_states(batch, mode=mode)
     alone = torch.cat([engine.last_hidden_states([s], mode=mode) for s in batch])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
