@@ -2,19 +2,22 @@
 
     python bench/gpu_check.py [--out bench/results/gpu/gpu_check.md] [--no-engine]
 
-1. Kernels against their torch references: `gather_rows` (exact) and `compact_attention` (per-dtype
-   tolerance) on shared-prefix batches with duplicates, GQA ratios 1/4/8 and head dims 64/128, fp32/bf16/fp16;
-   the Triton launch on a second GPU when there is one.
+1. Kernels against their torch references: `gather_rows` (exact) and `segment_attention` (output and log-sum-exp,
+   per-dtype tolerance) in both calls of cascade attention, the causal self call over the radix tree's segments
+   and the unmasked prefix call of the rows below each shared segment, on shared-prefix batches with duplicates,
+   GQA ratios 1/4/8 and head dims 64/128, fp32/bf16/fp16; the Triton launch on a second GPU when there is one.
 2. flash-attn 4 varlen through the engine's `FlashAttention` backend (K/V gathered, sequences without queries left
-   out as the engine's plans do) against the same reference.
+   out as the engine's plans do) against a torch reference of each sequence's block over its whole path.
 3. `--engine` (default on, `gpu_engine_checks.py`): hidden states of each dtype x attention backend x mode on a
    tiny Qwen3 with head_dim 128 and GQA against a CPU float64 engine, including `[[7], [7]]`; then every task
    head (rerank by yes/no logits and by a score head, embed, classify, score) the same way.
 4. The paper's shape for correctness, then timings (CUDA events, warmups, medians): `gather_rows` vs
    `torch.index_select` on rows 16000 and 100000, widths 1024 and 2048, bf16; attention on 32 x (2048 shared +
-   256 unique) tokens with Qwen3-8B heads (32 query heads, 8 kv heads, head dim 128), bf16: compact attention at
-   several tile shapes, flash-attn varlen with the K/V gather included, flash-attn in RadixMLP's layout (scatter
-   q/k/v to all N rows, attend, gather back), and the torch reference.
+   256 unique) tokens with Qwen3-8B heads (32 query heads, 8 kv heads, head dim 128), bf16: segment attention at
+   several tile shapes (the self call over the 2048-row prefix segment and 32 segments of 256, plus the prefix
+   call of the 32 x 256 rows against the prefix; the log-sum-exp merge not included), flash-attn varlen with the
+   K/V gather included, flash-attn in RadixMLP's layout (scatter q/k/v to all N rows, attend, gather back), and
+   the torch references.
 
 Writes each result to a markdown report (default `bench/results/gpu/gpu_check.md`) as it comes, and prints it.
 Exits 1 if a check failed or did not run though this machine supports it (flash-attn 4 missing on compute
@@ -31,18 +34,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import triton
 from gpu_report import CHECK_COLUMNS, TIMING_COLUMNS, Check, Report, Timing
 
 from radix_core.attention import AttentionMetadata, FlashAttention
+from radix_core.cascade import cascade_plan
 from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
 from radix_core.kernels import (
     AttentionTiles,
-    compact_attention,
-    compact_attention_reference,
     default_tiles,
     gather_rows,
     gather_rows_reference,
+    segment_attention,
+    segment_attention_reference,
 )
 
 try:
@@ -69,11 +74,38 @@ def shared_prefix_index(num_seqs: int, shared: int, unique: tuple[int, int], see
     return build_radix_index(*flatten_sequences(sequences))
 
 
-def device_index(index: RadixIndex, device: str = "cuda") -> dict:
-    """The index as compact attention takes it: int32 tensors on `device` and the longest block."""
-    as_int32 = lambda a: torch.from_numpy(a.astype(np.int32)).to(device)  # noqa: E731
-    return dict(scatter=as_int32(index.scatter), cu_seqlens_q=as_int32(index.cu_seqlens_q),
-                cu_seqlens_k=as_int32(index.cu_seqlens_k), max_seqlen_q=index.max_seqlen_q)
+def segment_calls(index: RadixIndex, device: str = "cuda") -> dict[str, dict]:
+    """`segment_attention`'s calls for `index`'s cascade plan, keyword arguments by kind: "self", each radix-tree
+    segment causal over itself, and, when a segment has descendants, "prefix", one block per such segment whose
+    queries are all the rows below it."""
+    plan = cascade_plan(index)
+    upload = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    segments = upload(plan.segments)  # (S+1,)
+    calls = {"self": dict(cu_seqlens_q=segments, key_start=segments[:-1], key_end=segments[1:],
+                          max_seqlen_q=plan.max_segment, causal=True)}
+    if plan.has_prefix:
+        calls["prefix"] = dict(q_rows=upload(plan.prefix_rows), cu_seqlens_q=upload(plan.prefix_cu),
+                               key_start=upload(plan.prefix_key_start), key_end=upload(plan.prefix_key_end),
+                               max_seqlen_q=int(np.diff(plan.prefix_cu).max()), causal=False)
+    return calls
+
+
+def path_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: RadixIndex) -> torch.Tensor:
+    """`full` mode's attention in plain torch (float32): each sequence's added block of compact rows over its whole
+    path, causal aligned bottom-right; `(N', Hq, D)` in `q`'s dtype."""
+    out = torch.zeros_like(q)  # (N', Hq, D)
+    heads_first = lambda t: t.float().transpose(0, 1)  # noqa: E731  (L, H, D) -> (H, L, D)
+    cu_q, cu_k = index.cu_seqlens_q.tolist(), index.cu_seqlens.tolist()
+    for q_lo, q_hi, k_lo, k_hi in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        if q_hi == q_lo:
+            continue
+        path = torch.from_numpy(index.scatter[k_lo:k_hi].astype(np.int64)).to(q.device)  # (Lk,)
+        lq, lk = q_hi - q_lo, k_hi - k_lo
+        visible = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)  # (Lq, Lk)
+        block = F.scaled_dot_product_attention(heads_first(q[q_lo:q_hi]), heads_first(k[path]), heads_first(v[path]),
+                                               attn_mask=visible, enable_gqa=True)  # (Hq, Lq, D)
+        out[q_lo:q_hi] = block.transpose(0, 1).to(q.dtype)
+    return out
 
 
 def random_qkv(rows: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: str = "cuda"):
@@ -95,6 +127,12 @@ def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return (got.float() - expected.float()).abs().max().item()
 
 
+def segment_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: dict, **options) -> float:
+    """Largest difference of `segment_attention`'s output and log-sum-exp from the torch reference's."""
+    got = segment_attention(q, k, v, **call, **options)
+    return max(map(max_error, got, segment_attention_reference(q, k, v, **call)))
+
+
 def kernel_checks(report: Report, flash: FlashAttention | None, flash_note: str) -> None:
     """Section 1 and 2: kernels and flash-attn against the torch references."""
     report.section("Kernels and flash-attn against the torch reference", CHECK_COLUMNS)
@@ -111,14 +149,14 @@ def kernel_checks(report: Report, flash: FlashAttention | None, flash_note: str)
                "6 one-token seqs, 3 dup (max_seqlen_q 1)": build_radix_index(*flatten_sequences([[7], [7], [8], [9],
                                                                                                   [8], [9]]))}
     for label, index in batches.items():
-        meta, flash_meta = device_index(index), flash_metadata(index)
+        calls, flash_meta = segment_calls(index), flash_metadata(index)
         for dtype in DTYPES:
             for heads, kv_heads, head_dim in ((8, 8, 64), (32, 8, 128), (16, 2, 128)):
                 q, k, v = random_qkv(index.num_compact, heads, kv_heads, head_dim, dtype)
-                expected = compact_attention_reference(q, k, v, **meta)
                 shape = f"{label}, N'={index.num_compact}, {heads}/{kv_heads} heads, D={head_dim}"
-                report.guarded("compact_attention", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
-                               lambda: max_error(compact_attention(q, k, v, **meta), expected))
+                for kind, call in calls.items():
+                    report.guarded(f"segment_attention {kind}", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
+                                   lambda: segment_error(q, k, v, call))
                 if dtype == torch.float32:
                     continue
                 if flash is None:
@@ -126,18 +164,19 @@ def kernel_checks(report: Report, flash: FlashAttention | None, flash_note: str)
                                        ATTENTION_TOLERANCE[dtype], flash_note, torch.cuda.get_device_capability()
                                        >= (8, 0)))
                     continue
+                expected = path_attention_reference(q, k, v, index)
                 report.guarded("flash-attn 4 varlen (engine backend)", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
                                lambda: max_error(flash(q, k, v, flash_meta, head_dim**-0.5), expected))
 
 
 def _second_device_check(report: Report) -> None:
     """Triton launches on the tensors' device, not the thread's current one (item 8): a kernel on `cuda:1`."""
-    name, shape = "gather_rows + compact_attention on cuda:1", "current device cuda:0"
+    name, shape = "gather_rows + segment_attention on cuda:1", "current device cuda:0"
     if torch.cuda.device_count() < 2:
         report.check(Check(name, shape, "bf16", None, 0.0, "one GPU", supported=False))
         return
     index = shared_prefix_index(num_seqs=4, shared=64, unique=(1, 40), seed=3, duplicates=1)
-    meta = device_index(index, "cuda:1")
+    calls = segment_calls(index, "cuda:1")
     q, k, v = random_qkv(index.num_compact, 8, 2, 128, torch.bfloat16, "cuda:1")
     x = torch.randn(300, 256, device="cuda:1", dtype=torch.bfloat16)  # (rows, width)
     rows = torch.randint(0, 300, (500,), device="cuda:1")  # (n,)
@@ -145,7 +184,7 @@ def _second_device_check(report: Report) -> None:
     def measure() -> float:
         torch.cuda.set_device(0)
         gather = 0.0 if torch.equal(gather_rows(x, rows), gather_rows_reference(x, rows)) else float("inf")
-        return max(gather, max_error(compact_attention(q, k, v, **meta), compact_attention_reference(q, k, v, **meta)))
+        return max(gather, *(segment_error(q, k, v, call) for call in calls.values()))
 
     report.guarded(name, shape, "bf16", ATTENTION_TOLERANCE[torch.bfloat16], measure)
 
@@ -185,42 +224,51 @@ def gather_timings() -> list[Timing]:
 
 
 def paper_shape():
-    """The paper's 32 x (2048 + 256) batch with Qwen3-8B heads, bf16: index, metadata, q/k/v, label."""
+    """The paper's 32 x (2048 + 256) batch with Qwen3-8B heads, bf16: index, segment calls, q/k/v, label.
+    Segments: the 2048-row prefix and 32 of 256; the prefix call is one block, 32 x 256 queries on 2048 keys."""
     index = shared_prefix_index(num_seqs=32, shared=2048, unique=(256, 256), seed=1)  # N'/N = 10240/73728
     q, k, v = random_qkv(index.num_compact, 32, 8, 128, torch.bfloat16)
-    shape = f"32x(2048+256), N={index.num_tokens}, N'={index.num_compact}, 32/8 heads, D=128"
-    return index, device_index(index), q, k, v, shape
+    calls = segment_calls(index)
+    shape = (f"32x(2048+256), N={index.num_tokens}, N'={index.num_compact}, "
+             f"{calls['self']['key_start'].shape[0]} segments, 32/8 heads, D=128")
+    return index, calls, q, k, v, shape
 
 
 def paper_checks(report: Report, flash: FlashAttention | None) -> None:
     report.section("Paper shape against the torch reference", CHECK_COLUMNS)
-    index, meta, q, k, v, shape = paper_shape()
-    expected = compact_attention_reference(q, k, v, **meta)
+    index, calls, q, k, v, shape = paper_shape()
     tolerance = ATTENTION_TOLERANCE[torch.bfloat16]
-    report.guarded("compact_attention", shape, "bf16", tolerance,
-                   lambda: max_error(compact_attention(q, k, v, **meta), expected))
+    for kind, call in calls.items():
+        report.guarded(f"segment_attention {kind}", shape, "bf16", tolerance, lambda: segment_error(q, k, v, call))
     if flash is not None:
+        expected = path_attention_reference(q, k, v, index)
         report.guarded("flash-attn 4 varlen (engine backend)", shape, "bf16", tolerance,
                        lambda: max_error(flash(q, k, v, flash_metadata(index), 128**-0.5), expected))
 
 
 def attention_timings(report: Report) -> None:
     """Section 4b: attention on the paper's shape."""
-    index, meta, q, k, v, shape = paper_shape()
-    flops = 4 * 128 * 32 * _visible_pairs(index)
+    index, calls, q, k, v, shape = paper_shape()
+    flops = 4 * 128 * 32 * _visible_pairs(index)  # the self and prefix calls see each (query, key) pair once
     rate = lambda ms: f"{flops / ms / 1e9:.0f} TFLOP/s"  # noqa: E731
-    for tiles in [default_tiles(128)] + [t for t in TILE_CANDIDATES if t != default_tiles(128)]:
-        ms = cuda_ms(lambda: compact_attention(q, k, v, **meta, tiles=tiles))
-        label = f"compact_attention {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"
-        report.timing(Timing(label + (" (default)" if tiles == default_tiles(128) else ""), shape, ms, rate(ms)))
+    default = default_tiles(128, torch.bfloat16)
+    for tiles in [default] + [t for t in TILE_CANDIDATES if t != default]:
+        parts = {kind: cuda_ms(lambda: segment_attention(q, k, v, **call, tiles=tiles)) for kind, call in calls.items()}
+        ms = sum(parts.values())
+        label = (f"segment_attention self + prefix {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} "
+                 f"s{tiles.num_stages}")
+        note = ", ".join([rate(ms), *(f"{kind} {part:.3f} ms" for kind, part in parts.items()), "merge not included"])
+        report.timing(Timing(label + (" (default)" if tiles == default else ""), shape, ms, note))
     if flash_attn_varlen_func is not None:
-        for timing in _flash_timings(q, k, v, meta, index, shape, rate):
+        for timing in _flash_timings(q, k, v, index, shape, rate):
             report.timing(timing)
-    ms = cuda_ms(lambda: compact_attention_reference(q, k, v, **meta), warmup=1, repeats=3, burst=1)
-    report.timing(Timing("torch reference (per-sequence loop, fp32)", shape, ms, rate(ms) + ", median of 3"))
+    ms = sum(cuda_ms(lambda: segment_attention_reference(q, k, v, **call), warmup=1, repeats=3, burst=1)
+             for call in calls.values())
+    report.timing(Timing("torch reference (self + prefix, per-block loop, fp32)", shape, ms,
+                         rate(ms) + ", median of 3"))
 
 
-def _flash_timings(q, k, v, meta, index, shape, rate) -> list[Timing]:
+def _flash_timings(q, k, v, index, shape, rate) -> list[Timing]:
     flash, flash_meta = FlashAttention(), flash_metadata(index)
     gathered = cuda_ms(lambda: flash(q, k, v, flash_meta, 128**-0.5))
     k_path, v_path = k.index_select(0, flash_meta.kv_index), v.index_select(0, flash_meta.kv_index)  # (N, Hkv, D)
@@ -228,9 +276,9 @@ def _flash_timings(q, k, v, meta, index, shape, rate) -> list[Timing]:
                 max_seqlen_q=flash_meta.max_seqlen_q, max_seqlen_k=flash_meta.max_seqlen_k, causal=True)
     attend_only = cuda_ms(lambda: flash_attn_varlen_func(q, k_path, v_path, **args))
     fold = torch.from_numpy(index.fold_gather.astype(np.int64)).to(q.device)  # (N',)
+    scatter = torch.from_numpy(index.scatter.astype(np.int64)).to(q.device)  # (N,)
     cu = torch.from_numpy(index.cu_seqlens.astype(np.int32)).to(q.device)  # (B+1,)
-    radix_mlp = cuda_ms(lambda: _flash_radix_mlp_layout(q, k, v, meta["scatter"].long(), fold, cu,
-                                                        index.max_seqlen_k))
+    radix_mlp = cuda_ms(lambda: _flash_radix_mlp_layout(q, k, v, scatter, fold, cu, index.max_seqlen_k))
     return [Timing("flash-attn 4 varlen + K/V gather (engine backend)", shape, gathered, rate(gathered)),
             Timing("flash-attn 4 varlen, K/V already gathered", shape, attend_only, rate(attend_only)),
             Timing("flash-attn 4, RadixMLP layout (scatter q/k/v, N rows, gather)", shape, radix_mlp,

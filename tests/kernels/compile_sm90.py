@@ -7,14 +7,16 @@ Integer arguments carry the divisibility-by-16 hint Triton gives them at launch 
 
 import json
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from radix_core.kernels.compact_attention import _compact_attention_kernel, default_tiles
 from radix_core.kernels.row_gather import _gather_rows_kernel
+from radix_core.kernels.segment_attention import _segment_attention_kernel, default_tiles
 
 TARGET = GPUTarget("cuda", 90, 32)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ALIGNED = [["tt.divisibility", 16]]
 
 
@@ -24,13 +26,15 @@ def compile_kernel(fn, arg_types: list[str], constexprs: dict, aligned: list[int
     return triton.compile(source, target=TARGET, options=options)
 
 
-def attention_kernel(dtype: str, head_dim: int):
-    """The attention kernel with this process's `default_tiles(head_dim)`, as the engine launches it."""
-    tiles = default_tiles(head_dim)
-    types = [f"*{dtype}"] * 4 + ["*i32"] * 3 + ["fp32"] + ["i32"] * 8  # pointers, scale, 8 strides
+def attention_kernel(dtype: str, head_dim: int, causal: bool):
+    """The attention kernel with this process's `default_tiles(head_dim, dtype)`, queries read through `q_rows`
+    (as the engine launches prefix blocks), in the `causal` (self) or the unmasked (prefix) variant."""
+    tiles = default_tiles(head_dim, DTYPES[dtype])
+    types = [f"*{dtype}"] * 4 + ["*fp32", "*i64"] + ["*i32"] * 3 + ["fp32"] + ["i32"] * 8  # pointers, scale, strides
     constexprs = dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=tiles.block_m,
-                      BLOCK_N=tiles.block_n, PRECISION="ieee" if dtype == "fp32" else "tf32", WIDEN=False)
-    return compile_kernel(_compact_attention_kernel, types, constexprs, [*range(7), *range(8, 16)],
+                      BLOCK_N=tiles.block_n, CAUSAL=causal, PRECISION="ieee" if dtype == "fp32" else "tf32",
+                      WIDEN=False)
+    return compile_kernel(_segment_attention_kernel, types, constexprs, [*range(9), *range(10, 18)],
                           num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
@@ -47,7 +51,7 @@ def report(kernel) -> dict:
 
 
 if __name__ == "__main__":
-    attention = {f"attention {dtype} D={d}": attention_kernel(dtype, d)
-                 for dtype in ("bf16", "fp16", "fp32") for d in (64, 128, 256)}
+    attention = {f"attention {kind} {dtype} D={d}": attention_kernel(dtype, d, kind == "causal")
+                 for kind in ("causal", "prefix") for dtype in DTYPES for d in (64, 128, 256)}
     gather = {f"gather {dtype}": gather_kernel(dtype) for dtype in ("bf16", "fp32")}
     print(json.dumps({name: report(kernel) for name, kernel in (attention | gather).items()}))
