@@ -6,8 +6,9 @@
    per-dtype tolerance) in both calls of cascade attention, the causal self call over the radix tree's segments
    and the unmasked prefix call of the rows below each shared segment, on shared-prefix batches with duplicates,
    GQA ratios 1/4/8 and head dims 64/128, fp32/bf16/fp16; the Triton launch on a second GPU when there is one.
-2. flash-attn 4 varlen through the engine's `FlashAttention` backend (K/V gathered, sequences without queries left
-   out as the engine's plans do) against a torch reference of each sequence's block over its whole path.
+2. The engine's cascade attention end to end (self call, prefix call, log-sum-exp merge, over the metadata
+   `plan_compact` builds) through its `TritonAttention` and flash-attn 4 `FlashAttention` backends against a
+   torch reference of each sequence's block over its whole path.
 3. `--engine` (default on, `gpu_engine_checks.py`): hidden states of each dtype x attention backend x mode on a
    tiny Qwen3 with head_dim 128 and GQA against a CPU float64 engine, including `[[7], [7]]`; then every task
    head (rerank by yes/no logits and by a score head, embed, classify, score) the same way.
@@ -15,9 +16,9 @@
    `torch.index_select` on rows 16000 and 100000, widths 1024 and 2048, bf16; attention on 32 x (2048 shared +
    256 unique) tokens with Qwen3-8B heads (32 query heads, 8 kv heads, head dim 128), bf16: segment attention at
    several tile shapes (the self call over the 2048-row prefix segment and 32 segments of 256, plus the prefix
-   call of the 32 x 256 rows against the prefix; the log-sum-exp merge not included), flash-attn varlen with the
-   K/V gather included, flash-attn in RadixMLP's layout (scatter q/k/v to all N rows, attend, gather back), and
-   the torch references.
+   call of the 32 x 256 rows against the prefix; the log-sum-exp merge not included), the Triton and flash-attn
+   backends' whole cascade (merge included), flash-attn over whole gathered paths (round one's `full` mode),
+   flash-attn in RadixMLP's layout (scatter q/k/v to all N rows, attend, gather back), and the torch references.
 
 Writes each result to a markdown report (default `bench/results/gpu/gpu_check.md`) as it comes, and prints it.
 Exits 1 if a check failed or did not run though this machine supports it (flash-attn 4 missing on compute
@@ -38,8 +39,10 @@ import torch.nn.functional as F
 import triton
 from gpu_report import CHECK_COLUMNS, TIMING_COLUMNS, Check, Report, Timing
 
-from radix_core.attention import AttentionMetadata, FlashAttention
+from radix_core.attention import AttentionMetadata, FlashAttention, TritonAttention
+from radix_core.batch import PreparedBatch
 from radix_core.cascade import cascade_plan
+from radix_core.forward import plan_compact
 from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
 from radix_core.kernels import (
     AttentionTiles,
@@ -115,12 +118,11 @@ def random_qkv(rows: int, heads: int, kv_heads: int, head_dim: int, dtype: torch
     return q, k, v
 
 
-def flash_metadata(index: RadixIndex, device: str = "cuda") -> AttentionMetadata:
-    """The `full`-mode metadata the engine hands flash-attn: sequences without queries left out."""
-    blocks = index.attention_blocks()
-    upload = lambda a, dtype: torch.from_numpy(a.astype(dtype)).to(device)  # noqa: E731
-    return AttentionMetadata(upload(blocks.cu_seqlens_q, np.int32), upload(blocks.cu_seqlens_k, np.int32),
-                             blocks.max_seqlen_q, blocks.max_seqlen_k, kv_index=upload(blocks.kv_index, np.int64))
+def full_metadata(index: RadixIndex, device: str = "cuda") -> AttentionMetadata:
+    """The `full`-mode attention metadata the engine builds for `index` (causal segments, prefix blocks)."""
+    input_ids = index.compact_input_ids[index.scatter].astype(np.int64)  # (N,) the batch's own ids
+    prepared = PreparedBatch(input_ids, index.cu_seqlens.astype(np.int64), "full", index, cascade_plan(index))
+    return plan_compact(prepared, torch.device(device)).attention
 
 
 def max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -149,7 +151,7 @@ def kernel_checks(report: Report, flash: FlashAttention | None, flash_note: str)
                "6 one-token seqs, 3 dup (max_seqlen_q 1)": build_radix_index(*flatten_sequences([[7], [7], [8], [9],
                                                                                                   [8], [9]]))}
     for label, index in batches.items():
-        calls, flash_meta = segment_calls(index), flash_metadata(index)
+        calls, meta = segment_calls(index), full_metadata(index)
         for dtype in DTYPES:
             for heads, kv_heads, head_dim in ((8, 8, 64), (32, 8, 128), (16, 2, 128)):
                 q, k, v = random_qkv(index.num_compact, heads, kv_heads, head_dim, dtype)
@@ -157,16 +159,20 @@ def kernel_checks(report: Report, flash: FlashAttention | None, flash_note: str)
                 for kind, call in calls.items():
                     report.guarded(f"segment_attention {kind}", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
                                    lambda: segment_error(q, k, v, call))
+                expected = path_attention_reference(q, k, v, index)
+                report.guarded("Triton cascade, merged (engine backend)", shape, _name(dtype),
+                               ATTENTION_TOLERANCE[dtype],
+                               lambda: max_error(TritonAttention(q.device)(q, k, v, meta, head_dim**-0.5), expected))
                 if dtype == torch.float32:
                     continue
                 if flash is None:
-                    report.check(Check("flash-attn 4 varlen (engine backend)", shape, _name(dtype), None,
+                    report.check(Check("flash-attn 4 cascade, merged (engine backend)", shape, _name(dtype), None,
                                        ATTENTION_TOLERANCE[dtype], flash_note, torch.cuda.get_device_capability()
                                        >= (8, 0)))
                     continue
-                expected = path_attention_reference(q, k, v, index)
-                report.guarded("flash-attn 4 varlen (engine backend)", shape, _name(dtype), ATTENTION_TOLERANCE[dtype],
-                               lambda: max_error(flash(q, k, v, flash_meta, head_dim**-0.5), expected))
+                report.guarded("flash-attn 4 cascade, merged (engine backend)", shape, _name(dtype),
+                               ATTENTION_TOLERANCE[dtype],
+                               lambda: max_error(flash(q, k, v, meta, head_dim**-0.5), expected))
 
 
 def _second_device_check(report: Report) -> None:
@@ -240,10 +246,13 @@ def paper_checks(report: Report, flash: FlashAttention | None) -> None:
     tolerance = ATTENTION_TOLERANCE[torch.bfloat16]
     for kind, call in calls.items():
         report.guarded(f"segment_attention {kind}", shape, "bf16", tolerance, lambda: segment_error(q, k, v, call))
+    expected = path_attention_reference(q, k, v, index)
+    meta = full_metadata(index)
+    report.guarded("Triton cascade, merged (engine backend)", shape, "bf16", tolerance,
+                   lambda: max_error(TritonAttention(q.device)(q, k, v, meta, 128**-0.5), expected))
     if flash is not None:
-        expected = path_attention_reference(q, k, v, index)
-        report.guarded("flash-attn 4 varlen (engine backend)", shape, "bf16", tolerance,
-                       lambda: max_error(flash(q, k, v, flash_metadata(index), 128**-0.5), expected))
+        report.guarded("flash-attn 4 cascade, merged (engine backend)", shape, "bf16", tolerance,
+                       lambda: max_error(flash(q, k, v, meta, 128**-0.5), expected))
 
 
 def attention_timings(report: Report) -> None:
@@ -259,6 +268,10 @@ def attention_timings(report: Report) -> None:
                  f"s{tiles.num_stages}")
         note = ", ".join([rate(ms), *(f"{kind} {part:.3f} ms" for kind, part in parts.items()), "merge not included"])
         report.timing(Timing(label + (" (default)" if tiles == default else ""), shape, ms, note))
+    meta = full_metadata(index)
+    triton_backend = TritonAttention(q.device)
+    ms = cuda_ms(lambda: triton_backend(q, k, v, meta, 128**-0.5))
+    report.timing(Timing("Triton cascade: self + prefix + merge (engine backend)", shape, ms, rate(ms)))
     if flash_attn_varlen_func is not None:
         for timing in _flash_timings(q, k, v, index, shape, rate):
             report.timing(timing)
@@ -269,18 +282,25 @@ def attention_timings(report: Report) -> None:
 
 
 def _flash_timings(q, k, v, index, shape, rate) -> list[Timing]:
-    flash, flash_meta = FlashAttention(), flash_metadata(index)
-    gathered = cuda_ms(lambda: flash(q, k, v, flash_meta, 128**-0.5))
-    k_path, v_path = k.index_select(0, flash_meta.kv_index), v.index_select(0, flash_meta.kv_index)  # (N, Hkv, D)
-    args = dict(cu_seqlens_q=flash_meta.cu_seqlens_q, cu_seqlens_k=flash_meta.cu_seqlens_k,
-                max_seqlen_q=flash_meta.max_seqlen_q, max_seqlen_k=flash_meta.max_seqlen_k, causal=True)
-    attend_only = cuda_ms(lambda: flash_attn_varlen_func(q, k_path, v_path, **args))
-    fold = torch.from_numpy(index.fold_gather.astype(np.int64)).to(q.device)  # (N',)
-    scatter = torch.from_numpy(index.scatter.astype(np.int64)).to(q.device)  # (N,)
-    cu = torch.from_numpy(index.cu_seqlens.astype(np.int32)).to(q.device)  # (B+1,)
-    radix_mlp = cuda_ms(lambda: _flash_radix_mlp_layout(q, k, v, scatter, fold, cu, index.max_seqlen_k))
-    return [Timing("flash-attn 4 varlen + K/V gather (engine backend)", shape, gathered, rate(gathered)),
-            Timing("flash-attn 4 varlen, K/V already gathered", shape, attend_only, rate(attend_only)),
+    flash, meta = FlashAttention(), full_metadata(index)
+    cascade = cuda_ms(lambda: flash(q, k, v, meta, 128**-0.5))
+    upload = lambda a, dtype: torch.from_numpy(a.astype(dtype)).to(q.device)  # noqa: E731
+    added = np.diff(index.cu_seqlens_q.astype(np.int64)) > 0  # (B,) sequences with queries
+    lengths = np.diff(index.cu_seqlens.astype(np.int64))  # (B,)
+    cu_k = np.concatenate([[0], np.cumsum(lengths[added])])
+    paths = upload(index.scatter[np.repeat(added, lengths)], np.int64)  # (sum of kept paths,) compact rows
+    k_path, v_path = k.index_select(0, paths), v.index_select(0, paths)  # (N, Hkv, D)
+    cu_q = np.append(index.cu_seqlens_q[:-1][added], index.cu_seqlens_q[-1])
+    args = dict(cu_seqlens_q=upload(cu_q, np.int32), cu_seqlens_k=upload(cu_k, np.int32),
+                max_seqlen_q=int(np.diff(cu_q).max()), max_seqlen_k=int(lengths.max()), causal=True)
+    paths_only = cuda_ms(lambda: flash_attn_varlen_func(q, k_path, v_path, **args))
+    fold = upload(index.fold_gather, np.int64)  # (N',)
+    scatter = upload(index.scatter, np.int64)  # (N,)
+    cu = upload(index.cu_seqlens, np.int32)  # (B+1,)
+    radix_mlp = cuda_ms(lambda: _flash_radix_mlp_layout(q, k, v, scatter, fold, cu, int(lengths.max())))
+    return [Timing("flash-attn 4 cascade: self + prefix + merge (engine backend)", shape, cascade, rate(cascade)),
+            Timing("flash-attn 4 varlen over whole paths, K/V already gathered (round one's full mode)", shape,
+                   paths_only, rate(paths_only) + ", bottom-right causal, gather not included"),
             Timing("flash-attn 4, RadixMLP layout (scatter q/k/v, N rows, gather)", shape, radix_mlp,
                    "attends every original token")]
 
@@ -295,7 +315,7 @@ def _flash_radix_mlp_layout(q, k, v, scatter, fold, cu_seqlens, max_seqlen):
 
 def _visible_pairs(index: RadixIndex) -> int:
     """(query, key) pairs the bottom-right causal mask lets through, summed over sequences."""
-    lq, lk = index.block_len.astype(np.int64), np.diff(index.cu_seqlens).astype(np.int64)
+    lq, lk = np.diff(index.cu_seqlens_q.astype(np.int64)), np.diff(index.cu_seqlens.astype(np.int64))
     return int(((lk - lq) * lq + lq * (lq + 1) // 2).sum())
 
 

@@ -66,24 +66,6 @@ class RadixIndex:
         """`N'/N`: the fraction of tokens that must be computed (1.0 = no sharing)."""
         return self.num_compact / self.num_tokens
 
-    @property
-    def cu_seqlens_k(self) -> np.ndarray:
-        """(B+1,) compact attention keys: each sequence's whole path, read through `scatter`."""
-        return self.cu_seqlens
-
-    @property
-    def block_len(self) -> np.ndarray:
-        """(B,) compact tokens each sequence adds (0 for an exact duplicate or a prefix of an earlier one)."""
-        return np.diff(self.cu_seqlens_q)
-
-    @property
-    def max_seqlen_q(self) -> int:
-        return int(self.block_len.max())
-
-    @property
-    def max_seqlen_k(self) -> int:
-        return int(np.diff(self.cu_seqlens).max())
-
 
 def flatten_sequences(sequences: TokenSequences | Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """A batch of token-id lists, or `TokenSequences` -> (flat ids `(N,)`, `cu_seqlens` `(B+1,)`), both int64."""

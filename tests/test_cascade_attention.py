@@ -10,7 +10,13 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from radix_core.attention import TorchAttention, TritonAttention, _math_attention_with_lse, merge_prefix
+from radix_core.attention import (
+    FlashAttention,
+    TorchAttention,
+    TritonAttention,
+    _math_attention_with_lse,
+    merge_prefix,
+)
 from radix_core.batch import BatchLimits, prepare_batch
 from radix_core.cascade import compact_parents
 from radix_core.engine import Engine
@@ -117,3 +123,37 @@ def test_engine_with_gqa_equals_transformers(tiny_model_dir, attention, name):
         with torch.no_grad():
             want = model(torch.tensor([seq])).last_hidden_state[0]
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def flash_varlen_stand_in(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                          causal, return_lse):
+    """flash-attn 4's `flash_attn_varlen_func` as its docstring specifies it (bottom-right causal, grouped-query
+    heads, `(out (total_q, Hq, D), lse (Hq, total_q))`), in torch: flash-attn itself needs a GPU."""
+    assert return_lse and cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
+    out, lse = torch.empty_like(q), torch.empty(q.shape[1], q.shape[0])
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for j in range(len(cu_q) - 1):
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, cu_q[j], cu_q[j + 1]),
+                                                                    (k, cu_k[j], cu_k[j + 1]),
+                                                                    (v, cu_k[j], cu_k[j + 1])))
+        assert qs.shape[2] <= max_seqlen_q and ks.shape[2] <= max_seqlen_k
+        assert not causal or qs.shape[2] == ks.shape[2]  # the engine only asks for square causal blocks
+        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, causal,
+                                                                          scale=softmax_scale)
+        out[cu_q[j]:cu_q[j + 1]], lse[:, cu_q[j]:cu_q[j + 1]] = o[0].transpose(0, 1), l[0]
+    return out, lse
+
+
+@pytest.mark.parametrize("sequences", [BATCHES["nested groups, interleaved"], random_batch(5)])
+def test_flash_backend_hands_flash_attn_what_its_contract_takes(sequences):
+    """The flash backend's glue (prefix queries and shared segments back to back, lse transposed, merge) on the
+    CPU, with flash-attn's documented varlen contract standing in for the GPU kernel."""
+    prepared = prepare_batch(sequences, "full", LIMITS)
+    meta = plan_compact(prepared, torch.device("cpu")).attention
+    flash = FlashAttention.__new__(FlashAttention)
+    flash._varlen = flash_varlen_stand_in
+    gen = torch.Generator().manual_seed(2)
+    rows = prepared.index.num_compact
+    q, k, v = torch.randn(rows, 4, 16, generator=gen), *torch.randn(2, rows, 2, 16, generator=gen)
+    expected = path_attention(q, k, v, compact_parents(prepared.index), 0.25)
+    torch.testing.assert_close(flash(q, k, v, meta, 0.25), expected, atol=2e-5, rtol=2e-5)
