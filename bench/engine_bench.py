@@ -1,15 +1,29 @@
-"""Engine modes side by side on the workloads of docs/ARCHITECTURE.md section 7, with FLOP bounds and peak memory.
+"""Engine modes side by side on CPU (issue 15): shapes, what `prepare` costs, prefix sweep, sequences per prefix.
+
+The workloads of docs/ARCHITECTURE.md section 7 and the paper's long shared prefix, what `prepare` costs, and how
+the cost grows with the number of sequences sharing one prefix.
 
 Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, intermediate 1536, random
-weights, float32 (the `bench` preset of `radix_core.tiny_models`). For each shape, every mode runs in one
-process with the modes interleaved per repetition; the table gives the median time, the speed-up over `off`,
-the FLOP bound of that speed-up (position-wise and attention FLOPs of both layouts), achieved / bound, and the
-peak memory growth of one forward (RSS high-water mark over the RSS before it, in a fresh subprocess per
-cell). Plain transformers on a padded
-batch is timed as the reference users run today. A sweep of the shared-prefix length (batch 32, suffix 64)
-gives the speed-up plot.
+weights, float32 (the `bench` preset of `radix_core.tiny_models`). Every timing comes from
+`timing.interleaved_timings`: the candidates of one row group run in one process, one warm-up each, then rounds
+whose order rotates; median (min-max). Three parts, each can be skipped (`--skip`, as can the peak memory cells):
 
-    python bench/engine_bench.py [--repeats 5] [--out bench/results]
+* shapes: per shape every mode, its speed-up over `off`, the FLOP bound of that speed-up (position-wise and
+  attention FLOPs of both layouts), achieved / bound, the time of `engine.prepare` (checks, index, mode choice:
+  numpy on the host) and the peak memory growth of one forward (RSS high-water mark over the RSS before it, in a
+  fresh subprocess per cell; `--skip memory` leaves it out). Plain transformers on a padded batch is timed as the
+  reference users run today, except on the long shape (`Shape.long`).
+* prefix sweep: speed-up of mlp and full over off against the shared-prefix length (batch 32, suffix 64), plotted
+  to `engine_speedup.png`.
+* scaling: 8, 32 and 128 sequences sharing one 1024-token prefix, 64 own tokens each, in full and mlp: the time per
+  added sequence against the time per sequence of the 64-token suffixes alone, plotted to `engine_scaling.png`.
+
+    python bench/engine_bench.py --repeats 5 --long-repeats 3 [--sweep-repeats 1] [--out bench/results]
+    python bench/engine_bench.py --shapes "no sharing 32x(128..384)" --skip memory prefix-sweep scaling
+
+A whole run takes about half an hour on 2 cores: shapes 20 minutes (10 of them the long shape, whose `off` forward
+takes over a minute), prefix sweep 3, scaling 5.
+Run from the repository root with `PYTHONPATH=.:bench`, or from bench/ with `PYTHONPATH=..:.`.
 """
 
 from __future__ import annotations
@@ -19,12 +33,15 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from timing import interleaved_timings
+from timing import Timing, interleaved_timings
 from tqdm import tqdm
 
 from radix_core.engine import Engine
@@ -32,8 +49,14 @@ from radix_core.index import build_radix_index, flatten_sequences
 from radix_core.tiny_models import PRESETS, make_tiny_model
 
 MODES = ("off", "mlp", "full", "auto")
+PADDED = "transformers (padded)"
+PARTS = ("shapes", "memory", "prefix-sweep", "scaling")
 VOCAB = 2000
+PREPARE_REPEATS = 20  # prepare takes milliseconds: more rounds for a steady median cost nothing
 SWEEP_PREFIXES = (0, 64, 128, 256, 512, 768, 1024)
+SCALING_PREFIX, SCALING_SUFFIX, SCALING_COUNTS = 1024, 64, (8, 32, 128)
+
+Builder = Callable[[np.random.Generator], list[list[int]]]
 
 
 def tokens(rng: np.random.Generator, n: int) -> list[int]:
@@ -66,12 +89,46 @@ def no_sharing(rng) -> list[list[int]]:
     return [tokens(rng, int(rng.integers(128, 385))) for _ in range(32)]
 
 
+@dataclass(frozen=True)
+class Shape:
+    """One row group of the shapes table."""
+
+    make: Builder
+    # Over a minute per `off` forward on 2 cores: timed over --long-repeats rounds, and without the padded
+    # transformers reference (about 4 GB peak and off's time per forward at 32 x 2304 tokens).
+    long: bool = False
+
+
 SHAPES = {
-    "msmarco-rerank 64 seqs": msmarco_rerank,
-    "synthetic 32x(512+64)": synthetic_prefix,
-    "embed 64x(20+50..200)": embedding_instruction,
-    "no sharing 32x(128..384)": no_sharing,
+    "msmarco-rerank 64 seqs": Shape(msmarco_rerank),
+    "synthetic 32x(512+64)": Shape(synthetic_prefix),
+    "synthetic 32x(2048+256)": Shape(partial(synthetic_prefix, prefix=2048, suffix=256), long=True),
+    "embed 64x(20+50..200)": Shape(embedding_instruction),
+    "no sharing 32x(128..384)": Shape(no_sharing),
 }
+
+
+def scaling_name(count: int) -> str:
+    return f"shared {count}x({SCALING_PREFIX}+{SCALING_SUFFIX})"
+
+
+def suffixes_name(count: int) -> str:
+    return f"suffixes {count}x{SCALING_SUFFIX}"
+
+
+# Every named batch: the shapes, and the scaling part's batches; the memory cells and engine_profile.py rebuild a
+# batch by its name.
+BATCHES: dict[str, Builder] = {
+    **{name: shape.make for name, shape in SHAPES.items()},
+    **{scaling_name(n): partial(synthetic_prefix, prefix=SCALING_PREFIX, suffix=SCALING_SUFFIX, batch=n)
+       for n in SCALING_COUNTS},
+    **{suffixes_name(n): partial(synthetic_prefix, prefix=0, suffix=SCALING_SUFFIX, batch=n) for n in SCALING_COUNTS},
+}
+
+
+def make_batch(name: str) -> list[list[int]]:
+    """The batch `name` of `BATCHES`, the same in every process."""
+    return BATCHES[name](np.random.default_rng(0))
 
 
 @dataclass
@@ -82,6 +139,11 @@ class ModelSize:
     kv_heads: int
     head_dim: int
     intermediate: int
+
+    @classmethod
+    def of(cls, config) -> ModelSize:
+        return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                   config.num_key_value_heads, config.head_dim, config.intermediate_size)
 
     def rowwise_flops(self) -> float:
         """Matmul FLOPs per computed row, all layers: q/k/v/o projections and the gated MLP."""
@@ -94,21 +156,29 @@ class ModelSize:
         """FLOPs per visible (query, key) pair, all layers: QK^T and PV."""
         return 4.0 * self.heads * self.head_dim * self.layers
 
+    def flops(self, rows: int, pairs: int) -> float:
+        """Position-wise plus attention FLOPs of a forward computing `rows` rows and `pairs` query-key pairs."""
+        return self.rowwise_flops() * rows + self.pair_flops() * pairs
 
-def mode_flops(size: ModelSize, sequences, mode: str, threshold: float) -> float:
-    """Position-wise plus attention FLOPs of one forward in `mode` (auto counted as the mode it picks)."""
-    ids, cu = flatten_sequences(sequences)
-    index = build_radix_index(ids, cu)
-    lengths = np.diff(cu).astype(np.float64)
-    causal_pairs = float((lengths * (lengths + 1) / 2).sum())
-    if mode == "off" or (mode == "auto" and index.compression > threshold):
-        return size.rowwise_flops() * index.num_tokens + size.pair_flops() * causal_pairs
-    rows = size.rowwise_flops() * index.num_compact
+
+def work(sequences: Sequence[Sequence[int]], mode: str) -> tuple[int, int]:
+    """(computed rows, visible query-key pairs) of one forward in `mode` ("off", "mlp" or "full"). off and mlp
+    attend per sequence, L(L+1)/2 pairs; full attends from each compact row at position p to its path up to
+    itself, p + 1 keys."""
+    lengths = np.array([len(s) for s in sequences], dtype=np.int64)  # (B,)
+    causal_pairs = int((lengths * (lengths + 1) // 2).sum())
+    if mode == "off":
+        return int(lengths.sum()), causal_pairs
+    index = build_radix_index(*flatten_sequences(sequences))
     if mode == "mlp":
-        return rows + size.pair_flops() * causal_pairs
-    lq = np.diff(index.cu_seqlens_q).astype(np.float64)
-    full_pairs = float((lq * (lengths - lq) + lq * (lq + 1) / 2).sum())
-    return rows + size.pair_flops() * full_pairs
+        return index.num_compact, causal_pairs
+    return index.num_compact, int(index.compact_position_ids.sum(dtype=np.int64)) + index.num_compact
+
+
+def marginal_costs(counts: Sequence[int], totals: Sequence[float]) -> list[float | None]:
+    """Cost per added sequence between consecutive counts, (t(n2) - t(n1)) / (n2 - n1); None for the first."""
+    steps = zip(counts, counts[1:], totals, totals[1:])
+    return [None] + [(t2 - t1) / (n2 - n1) for n1, n2, t1, t2 in steps]
 
 
 def padded_transformers(model, sequences) -> torch.Tensor:
@@ -123,15 +193,15 @@ def padded_transformers(model, sequences) -> torch.Tensor:
     return hidden[torch.arange(len(sequences)), mask.sum(1) - 1]
 
 
-def peak_memory_mb(model_dir: Path, shape: str, mode: str) -> float:
-    """Peak RSS growth of one forward, in a fresh process so earlier runs do not hide it."""
-    out = subprocess.run([sys.executable, __file__, "--memory-cell", str(model_dir), shape, mode],
+def peak_memory_mb(model_dir: Path, batch: str, mode: str) -> float:
+    """Peak RSS growth of one forward of `BATCHES[batch]`, in a fresh process so earlier runs do not hide it."""
+    out = subprocess.run([sys.executable, __file__, "--memory-cell", str(model_dir), batch, mode],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
-def memory_cell(model_dir: str, shape: str, mode: str) -> None:
-    sequences = SHAPES[shape](np.random.default_rng(0))
+def memory_cell(model_dir: str, batch: str, mode: str) -> None:
+    sequences = make_batch(batch)
     if mode == "transformers":
         from transformers import AutoModel
 
@@ -152,48 +222,134 @@ def _status_kb(field: str) -> int:
     return int(line.split()[1])
 
 
-def bench_shapes(engine, hf_model, size, model_dir, repeats) -> list[str]:
-    rows = ["| shape | N | N'/N | mode | time s, median (min-max) | speed-up vs off | FLOP bound | achieved/bound "
-            "| peak MB |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for shape, make in tqdm(SHAPES.items(), desc="shapes", unit="shape"):
-        sequences = make(np.random.default_rng(0))
-        ids, cu = flatten_sequences(sequences)
-        index = build_radix_index(ids, cu)
-        runners = {m: (lambda m=m: engine.last_hidden_states(sequences, mode=m)) for m in MODES}
-        runners["transformers (padded)"] = lambda: padded_transformers(hf_model, sequences)
-        times = interleaved_timings(runners, repeats)
-        off_flops = mode_flops(size, sequences, "off", engine.radix_threshold)
-        for name, timing in times.items():
-            speedup = times["off"].median / timing.median
-            bound = off_flops / mode_flops(size, sequences, name if name in MODES else "off", engine.radix_threshold)
-            memory = peak_memory_mb(model_dir, shape, name if name in MODES else "transformers")
-            rows.append(f"| {shape} | {index.num_tokens} | {index.compression:.3f} | {name} | {timing} | "
-                        f"{speedup:.2f}x | {bound:.2f}x | {speedup / bound:.2f} | {memory:.0f} |")
-            tqdm.write(rows[-1])
+@dataclass
+class Bench:
+    """What the parts share: the engine, the padded reference model, the model's size, where its files are."""
+
+    engine: Engine
+    reference: Any  # transformers AutoModel of the same checkpoint
+    size: ModelSize
+    model_dir: Path
+    memory: bool  # measure peak memory, one subprocess per cell
+
+    def forward(self, sequences, mode: str) -> Callable[[], torch.Tensor]:
+        return lambda: self.engine.last_hidden_states(sequences, mode=mode)
+
+    def peak_mb(self, batch: str, mode: str) -> str:
+        return f"{peak_memory_mb(self.model_dir, batch, mode):.0f}" if self.memory else "-"
+
+
+def shape_rows(bench: Bench, name: str, repeats: int) -> list[str]:
+    """The table rows of one shape: every mode (and the padded reference unless long), rotated timings."""
+    shape, sequences = SHAPES[name], make_batch(name)
+    runners = {m: bench.forward(sequences, m) for m in MODES}
+    if not shape.long:
+        runners[PADDED] = lambda: padded_transformers(bench.reference, sequences)
+    times = interleaved_timings(runners, repeats)
+    prepare = interleaved_timings({m: (lambda m=m: bench.engine.prepare(sequences, m)) for m in MODES},
+                                  PREPARE_REPEATS)
+    chosen = bench.engine.prepare(sequences, "auto").mode
+    counts = {m: work(sequences, m) for m in ("off", "mlp", "full")}  # (rows, pairs)
+    flops = {m: bench.size.flops(*c) for m, c in counts.items()}
+    n_tokens, n_compact = counts["off"][0], counts["full"][0]
+    label = f"{name} ¹" if shape.long else name
+    rows = []
+    for runner, timing in times.items():
+        mode = chosen if runner == "auto" else runner if runner in MODES else "off"
+        speedup, bound = times["off"].median / timing.median, flops["off"] / flops[mode]
+        prep = (f"{prepare[runner].median * 1000:.2f} ({100 * prepare[runner].median / timing.median:.2g}%)"
+                if runner in MODES else "-")
+        memory = bench.peak_mb(name, runner if runner in MODES else "transformers")
+        rows.append(f"| {label} | {n_tokens} | {n_compact / n_tokens:.3f} | "
+                    f"{f'auto → {chosen}' if runner == 'auto' else runner} | {timing} | {speedup:.2f}x | "
+                    f"{bound:.2f}x | {speedup / bound:.2f} | {prep} | {memory} |")
+        tqdm.write(rows[-1])
     return rows
 
 
-def sweep(engine, repeats) -> dict[str, list[float]]:
+def shapes_section(bench: Bench, names: Sequence[str], repeats: int, long_repeats: int) -> str:
+    rows = ["| shape | N | N'/N | mode | time s, median (min-max) | speed-up vs off | FLOP bound | achieved/bound "
+            "| prepare ms (share of forward) | peak MB |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in tqdm(names, desc="shapes", unit="shape"):
+        rows += shape_rows(bench, name, long_repeats if SHAPES[name].long else repeats)
+    text = ("## Shapes\n\nHow to read: per shape every mode timed side by side; speed-up vs off over its FLOP bound "
+            "says how much of the saved work turned into saved time (`auto → x`: the mode auto chose, its bound "
+            "that mode's). prepare is `engine.prepare` alone (flatten, checks, index, mode choice), median of "
+            f"{PREPARE_REPEATS}, and its share of that mode's forward, which includes it; auto on the no-sharing "
+            "shape runs off, so its prepare is its only extra work. Peak MB: RSS growth of one forward in a "
+            "fresh process (`-`: `--skip memory`).\n\n" + "\n".join(rows) + "\n")
+    long = [name for name in names if SHAPES[name].long]
+    if long:
+        text += (f"\n¹ {', '.join(long)}: median of {long_repeats} rounds (`--long-repeats`; its `off` forward takes "
+                 f"over a minute on 2 cores). No {PADDED} row: its peak memory grows with batch x 2304² (530 MB for 4 "
+                 "of these sequences in a development run, so about 4 GB for 32) and each forward takes about as "
+                 "long as off's, several more minutes of rounds.\n")
+    return text
+
+
+def prefix_sweep(bench: Bench, repeats: int) -> dict[str, list[float]]:
     """Speed-up over `off` against the shared-prefix length (batch 32, suffix 64)."""
     speedups = {"mlp": [], "full": []}
     for prefix in tqdm(SWEEP_PREFIXES, desc="prefix sweep", unit="length"):
         sequences = synthetic_prefix(np.random.default_rng(1), prefix=prefix)
-        times = interleaved_timings({m: (lambda m=m: engine.last_hidden_states(sequences, mode=m))
-                                     for m in ("off", "mlp", "full")}, repeats)
+        times = interleaved_timings({m: bench.forward(sequences, m) for m in ("off", "mlp", "full")}, repeats)
         for mode in speedups:
             speedups[mode].append(times["off"].median / times[mode].median)
         tqdm.write(f"prefix {prefix}: " + ", ".join(f"{m} {v[-1]:.2f}x" for m, v in speedups.items()))
     return speedups
 
 
-def plot(speedups: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
+def prefix_sweep_section(speedups: dict[str, list[float]], repeats: int) -> str:
+    rows = ["| shared prefix | " + " | ".join(f"{m} speed-up" for m in speedups) + " |",
+            "|---|" + "---|" * len(speedups)]
+    rows += [f"| {p} | " + " | ".join(f"{speedups[m][i]:.2f}x" for m in speedups) + " |"
+             for i, p in enumerate(SWEEP_PREFIXES)]
+    return (f"## Shared-prefix sweep\n\nHow to read: 32 sequences of one shared prefix plus 64 own tokens; speed-up "
+            f"of each mode over off at each prefix length (median of {repeats}).\n\n" + "\n".join(rows)
+            + "\n\n![speed-up](engine_speedup.png)\n")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+def scaling(bench: Bench, repeats: int) -> dict[str, list[Timing]]:
+    """full and mlp on `n` sequences sharing one prefix, and the `n` suffixes alone in off, per count."""
+    times: dict[str, list[Timing]] = {"full": [], "mlp": [], "suffixes alone (off)": []}
+    for n in tqdm(SCALING_COUNTS, desc="scaling", unit="count"):
+        shared, alone = make_batch(scaling_name(n)), make_batch(suffixes_name(n))
+        round_ = interleaved_timings({"full": bench.forward(shared, "full"), "mlp": bench.forward(shared, "mlp"),
+                                      "suffixes alone (off)": bench.forward(alone, "off")}, repeats)
+        for name, timing in round_.items():
+            times[name].append(timing)
+        tqdm.write(f"{n} sequences: " + ", ".join(f"{k} {v}" for k, v in round_.items()))
+    return times
+
+
+def scaling_section(bench: Bench, times: dict[str, list[Timing]], repeats: int) -> str:
+    full = [t.median for t in times["full"]]
+    alone = [t.median / n for t, n in zip(times["suffixes alone (off)"], SCALING_COUNTS)]  # s per sequence
+    marginal = marginal_costs(SCALING_COUNTS, full)
+    flop_full = marginal_costs(SCALING_COUNTS, [bench.size.flops(*work(make_batch(scaling_name(n)), "full"))
+                                                for n in SCALING_COUNTS])
+    flop_alone = [bench.size.flops(*work(make_batch(suffixes_name(n)), "off")) / n for n in SCALING_COUNTS]
+    rows = ["| sequences | full s | mlp s | marginal s per added sequence | suffix alone s per sequence "
+            "| marginal / suffix | FLOP ratio | full peak MB |", "|---|---|---|---|---|---|---|---|"]
+    for i, n in enumerate(SCALING_COUNTS):
+        step = "-" if marginal[i] is None else f"{marginal[i]:.4f}"
+        ratio = "-" if marginal[i] is None else f"{marginal[i] / alone[i]:.2f}"
+        flop_ratio = "-" if flop_full[i] is None else f"{flop_full[i] / flop_alone[i]:.2f}"
+        rows.append(f"| {n} | {times['full'][i]} | {times['mlp'][i]} | {step} | {alone[i]:.4f} | {ratio} | "
+                    f"{flop_ratio} | {bench.peak_mb(scaling_name(n), 'full')} |")
+    return (f"## Sequences sharing one prefix\n\nHow to read: n sequences of one {SCALING_PREFIX}-token prefix plus "
+            f"{SCALING_SUFFIX} own tokens, full and mlp, and the n {SCALING_SUFFIX}-token suffixes alone in off, "
+            f"timed side by side (median of {repeats}). Marginal: (t(n2) - t(n1)) / (n2 - n1) of full between "
+            "consecutive counts; marginal / suffix near the FLOP ratio (full's added FLOPs per sequence over a "
+            f"suffix's alone: its {SCALING_SUFFIX} rows also attend to the prefix) means an added sequence costs "
+            f"its suffix, not its prefix. No off column: {max(SCALING_COUNTS)} x {SCALING_PREFIX + SCALING_SUFFIX} "
+            "tokens in off take minutes per forward on 2 cores.\n\n" + "\n".join(rows)
+            + "\n\n![scaling](engine_scaling.png)\n")
+
+
+def plot_speedup(speedups: dict[str, list[float]], path: Path) -> None:
+    fig, ax = _axes()
     for mode, values in speedups.items():
         ax.plot(SWEEP_PREFIXES, values, marker="o", label=mode)
     ax.axhline(1.0, color="grey", lw=0.8)
@@ -204,37 +360,83 @@ def plot(speedups: dict[str, list[float]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def plot_scaling(times: dict[str, list[Timing]], path: Path) -> None:
+    fig, ax = _axes()
+    for name, series in times.items():
+        ax.plot(SCALING_COUNTS, [t.median for t in series], marker="o", label=name,
+                linestyle="--" if name.startswith("suffixes") else "-")
+    ax.set(xlabel=f"sequences sharing one {SCALING_PREFIX}-token prefix ({SCALING_SUFFIX} own tokens each)",
+           ylabel="forward time s", title="radixserve engine on CPU (Qwen3 hidden 512, 8 layers)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(6, 4))
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run."""
+    parts = ["python bench/engine_bench.py", f"--repeats {args.repeats}", f"--long-repeats {args.long_repeats}",
+             f"--sweep-repeats {args.sweep_repeats}"]
+    if args.shapes != list(SHAPES):
+        parts.append("--shapes " + " ".join(f'"{s}"' for s in args.shapes))
+    if args.skip:
+        parts.append("--skip " + " ".join(args.skip))
+    return " ".join(parts)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sweep-repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per shape and per scaling count")
+    parser.add_argument("--long-repeats", type=int, default=3, help="rounds for the long shapes (Shape.long)")
+    parser.add_argument("--sweep-repeats", type=int, default=1, help="rounds per prefix length of the prefix sweep")
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES), metavar="SHAPE",
+                        help=f"the shapes table's shapes (default all: {', '.join(SHAPES)})")
+    parser.add_argument("--skip", nargs="+", choices=PARTS, default=[],
+                        help="parts to leave out: the shapes table, the peak memory cells (a subprocess each), "
+                        "the sweeps")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--memory-cell", nargs=3, metavar=("MODEL_DIR", "SHAPE", "MODE"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--memory-cell", nargs=3, metavar=("MODEL_DIR", "BATCH", "MODE"), help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.memory_cell:
         return memory_cell(*args.memory_cell)
     from transformers import AutoModel
 
     model_dir = make_tiny_model(Path(tempfile.mkdtemp()) / "bench", "qwen3", "base", **PRESETS["bench"])
-    engine = Engine.from_pretrained(str(model_dir), device="cpu")
-    hf_model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-    config = hf_model.config
-    size = ModelSize(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                     config.num_key_value_heads, config.head_dim, config.intermediate_size)
-    header = (f"# Engine modes on CPU\n\nCommand: `python bench/engine_bench.py --repeats {args.repeats}`; "
-              f"{torch.get_num_threads()} threads, torch {torch.__version__}; medians of {args.repeats} "
-              f"interleaved runs; auto threshold {engine.radix_threshold}.\n\n")
-    rows = bench_shapes(engine, hf_model, size, model_dir, args.repeats)
-    speedups = sweep(engine, args.sweep_repeats)
+    reference = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    bench = Bench(Engine.from_pretrained(str(model_dir), device="cpu"), reference, ModelSize.of(reference.config),
+                  model_dir, memory="memory" not in args.skip)
+    sections = [f"# Engine modes on CPU\n\nCommand: `{command(args)}`; {torch.get_num_threads()} threads, torch "
+                f"{torch.__version__}; auto threshold {bench.engine.radix_threshold}. Model: the `bench` preset "
+                "(Qwen3, hidden 512, 8 layers), random weights, float32. Times: median (min-max) of rounds whose "
+                "order rotates (`bench/timing.py`).\n"]
     args.out.mkdir(parents=True, exist_ok=True)
-    sweep_rows = ["| shared prefix | " + " | ".join(f"{m} speed-up" for m in speedups) + " |",
-                  "|---|" + "---|" * len(speedups)]
-    sweep_rows += [f"| {p} | " + " | ".join(f"{speedups[m][i]:.2f}x" for m in speedups) + " |"
-                   for i, p in enumerate(SWEEP_PREFIXES)]
-    (args.out / "engine_bench.md").write_text(header + "\n".join(rows) + "\n\n## Shared-prefix sweep\n\n"
-                                              + "\n".join(sweep_rows) + "\n\n![speed-up](engine_speedup.png)\n")
-    plot(speedups, args.out / "engine_speedup.png")
-    print(f"wrote {args.out / 'engine_bench.md'} and {args.out / 'engine_speedup.png'}")
+    written = [args.out / "engine_bench.md"]
+    if "shapes" not in args.skip:
+        sections.append(shapes_section(bench, args.shapes, args.repeats, args.long_repeats))
+    if "prefix-sweep" not in args.skip:
+        speedups = prefix_sweep(bench, args.sweep_repeats)
+        sections.append(prefix_sweep_section(speedups, args.sweep_repeats))
+        plot_speedup(speedups, args.out / "engine_speedup.png")
+        written.append(args.out / "engine_speedup.png")
+    if "scaling" not in args.skip:
+        times = scaling(bench, args.repeats)
+        sections.append(scaling_section(bench, times, args.repeats))
+        plot_scaling(times, args.out / "engine_scaling.png")
+        written.append(args.out / "engine_scaling.png")
+    written[0].write_text("\n".join(sections))
+    print("wrote " + ", ".join(map(str, written)))
 
 
 if __name__ == "__main__":
