@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from engine_bench import BATCHES, make_batch
+from engine_workloads import BATCHES, make_batch
 from torch.profiler import ProfilerActivity, profile
 
 from radix_core.engine import Engine

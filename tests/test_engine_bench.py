@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import engine_bench as eb  # noqa: E402  (bench/ is not a package)
+import engine_workloads as workloads  # noqa: E402
 
 
 def test_work_counts_rows_and_pairs_of_each_mode():
@@ -20,7 +21,7 @@ def test_work_counts_rows_and_pairs_of_each_mode():
 
 @pytest.mark.parametrize("prefix, suffix, batch", [(0, 5, 3), (7, 4, 5), (16, 1, 2)])
 def test_full_work_on_one_shared_prefix_is_the_prefix_once_plus_suffixes_reading_it(prefix, suffix, batch):
-    sequences = eb.synthetic_prefix(np.random.default_rng(0), prefix=prefix, suffix=suffix, batch=batch)
+    sequences = workloads.synthetic_prefix(np.random.default_rng(0), prefix=prefix, suffix=suffix, batch=batch)
     assert len({s[prefix] for s in sequences}) == batch  # the suffixes part at their first token (seeded)
     rows, pairs = eb.work(sequences, "full")
     assert rows == prefix + batch * suffix
@@ -33,13 +34,13 @@ def test_marginal_costs_between_consecutive_counts():
 
 
 def test_named_batches_are_the_same_in_every_process_and_shaped_as_named():
-    assert set(eb.SHAPES) <= set(eb.BATCHES)
-    assert eb.make_batch("synthetic 32x(512+64)") == eb.make_batch("synthetic 32x(512+64)")
-    long = eb.make_batch("synthetic 32x(2048+256)")
+    assert set(workloads.SHAPES) <= set(workloads.BATCHES)
+    assert workloads.make_batch("synthetic 32x(512+64)") == workloads.make_batch("synthetic 32x(512+64)")
+    long = workloads.make_batch("synthetic 32x(2048+256)")
     assert len(long) == 32 and {len(s) for s in long} == {2304} and all(s[:2048] == long[0][:2048] for s in long)
-    assert [name for name, shape in eb.SHAPES.items() if shape.long] == ["synthetic 32x(2048+256)"]
-    for n in eb.SCALING_COUNTS:
-        shared, alone = eb.make_batch(eb.scaling_name(n)), eb.make_batch(eb.suffixes_name(n))
+    assert [name for name, shape in workloads.SHAPES.items() if shape.long] == ["synthetic 32x(2048+256)"]
+    for n in workloads.SCALING_COUNTS:
+        shared, alone = workloads.make_batch(workloads.scaling_name(n)), workloads.make_batch(workloads.suffixes_name(n))
         assert len(shared) == len(alone) == n
-        assert {len(s) for s in shared} == {eb.SCALING_PREFIX + eb.SCALING_SUFFIX}
-        assert {len(s) for s in alone} == {eb.SCALING_SUFFIX}
+        assert {len(s) for s in shared} == {workloads.SCALING_PREFIX + workloads.SCALING_SUFFIX}
+        assert {len(s) for s in alone} == {workloads.SCALING_SUFFIX}
