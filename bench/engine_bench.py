@@ -1,6 +1,7 @@
 """Engine modes side by side on CPU (issue 15): shapes, what `prepare` costs, prefix sweep, sequences per prefix.
 
-The workloads of `engine_workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), what `prepare` costs, and how
+The workloads of `engine_workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), what
+`prepare` costs, and how
 the cost grows with the number of sequences sharing one prefix.
 
 Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, intermediate 1536, random
