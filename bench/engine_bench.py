@@ -1,19 +1,20 @@
 """Engine modes side by side on CPU (issue 15): shapes, what `prepare` costs, prefix sweep, sequences per prefix.
 
 The workloads of `engine_workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), what
-`prepare` costs, and how
-the cost grows with the number of sequences sharing one prefix.
+`prepare` costs, and how the cost grows with the number of sequences sharing one prefix.
 
 Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, intermediate 1536, random
 weights, float32 (the `bench` preset of `radix_core.tiny_models`). Every timing comes from
 `timing.interleaved_timings`: the candidates of one row group run in one process, one warm-up each, then rounds
-whose order rotates; median (min-max). Three parts, each can be skipped (`--skip`, as can the peak memory cells):
+whose order rotates; median (min-max). Four parts, each can be skipped (`--skip`, as can the peak memory cells):
 
 * shapes: per shape every mode, its speed-up over `off`, the FLOP bound of that speed-up (position-wise and
   attention FLOPs of both layouts), achieved / bound, the time of `engine.prepare` (checks, index, mode choice:
   numpy on the host) and the peak memory growth of one forward (RSS high-water mark over the RSS before it, in a
   fresh subprocess per cell; `--skip memory` leaves it out). Plain transformers on a padded batch is timed as the
   reference users run today, except on the long shape (`Shape.long`).
+* no-sharing: `off` against `auto` alone on the batch without sharing (auto runs off there), more rounds: what
+  auto costs where it cannot help.
 * prefix sweep: speed-up of mlp and full over off against the shared-prefix length (batch 32, suffix 64), plotted
   to `engine_speedup.png`.
 * scaling: 8, 32 and 128 sequences sharing one 1024-token prefix, 64 own tokens each, in full and mlp: the time per
@@ -36,6 +37,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,8 @@ from radix_core.tiny_models import PRESETS, make_tiny_model
 
 MODES = ("off", "mlp", "full", "auto")
 PADDED = "transformers (padded)"
-PARTS = ("shapes", "memory", "prefix-sweep", "scaling")
+PARTS = ("shapes", "memory", "no-sharing", "prefix-sweep", "scaling")
+NO_SHARING = "no sharing 32x(128..384)"
 PREPARE_REPEATS = 20  # prepare takes milliseconds: more rounds for a steady median cost nothing
 SWEEP_PREFIXES = (0, 64, 128, 256, 512, 768, 1024)
 
@@ -221,6 +224,22 @@ def shapes_section(bench: Bench, names: Sequence[str], repeats: int, long_repeat
     return text
 
 
+def no_sharing_section(bench: Bench, repeats: int) -> str:
+    """`auto` against `off` on the batch without sharing, the two alone: what auto costs where it cannot help."""
+    sequences = make_batch(NO_SHARING)
+    assert bench.engine.prepare(sequences, "auto").mode == "off"
+    times = interleaved_timings({mode: partial(bench.engine.last_hidden_states, sequences, mode=mode)
+                                 for mode in ("off", "auto")}, repeats)
+    prepare = interleaved_timings({"auto": partial(bench.engine.prepare, sequences, "auto")}, PREPARE_REPEATS)
+    ratio = times["off"].median / times["auto"].median
+    return (f"## auto without sharing\n\nHow to read: {NO_SHARING}, `off` and `auto` (which runs `off`) alone, "
+            f"{repeats} rounds alternating which goes first; auto's only extra work is `prepare`'s index build and "
+            f"mode choice.\n\n| mode | time s, median (min-max) | speed-up vs off |\n|---|---|---|\n"
+            f"| off | {times['off']} | 1.00x |\n| auto → off | {times['auto']} | {ratio:.2f}x |\n\n"
+            f"auto's prepare: {prepare['auto'].median * 1000:.2f} ms, "
+            f"{prepare['auto'].median / times['auto'].median:.3%} of its forward.\n")
+
+
 def prefix_sweep(bench: Bench, repeats: int) -> dict[str, list[float]]:
     """Speed-up over `off` against the shared-prefix length (batch 32, suffix 64)."""
     speedups = {"mlp": [], "full": []}
@@ -317,7 +336,7 @@ def _axes():
 def command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run."""
     parts = ["python bench/engine_bench.py", f"--repeats {args.repeats}", f"--long-repeats {args.long_repeats}",
-             f"--sweep-repeats {args.sweep_repeats}"]
+             f"--no-sharing-repeats {args.no_sharing_repeats}", f"--sweep-repeats {args.sweep_repeats}"]
     if args.shapes != list(SHAPES):
         parts.append("--shapes " + " ".join(f'"{s}"' for s in args.shapes))
     if args.skip:
@@ -329,6 +348,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="rounds per shape and per scaling count")
     parser.add_argument("--long-repeats", type=int, default=3, help="rounds for the long shapes (Shape.long)")
+    parser.add_argument("--no-sharing-repeats", type=int, default=11,
+                        help="rounds of off against auto alone on the batch without sharing")
     parser.add_argument("--sweep-repeats", type=int, default=1, help="rounds per prefix length of the prefix sweep")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES), metavar="SHAPE",
                         help=f"the shapes table's shapes (default all: {', '.join(SHAPES)})")
@@ -358,6 +379,8 @@ def main() -> None:
     written = [args.out / "engine_bench.md"]
     if "shapes" not in args.skip:
         sections.append(shapes_section(bench, args.shapes, args.repeats, args.long_repeats))
+    if "no-sharing" not in args.skip:
+        sections.append(no_sharing_section(bench, args.no_sharing_repeats))
     if "prefix-sweep" not in args.skip:
         speedups = prefix_sweep(bench, args.sweep_repeats)
         sections.append(prefix_sweep_section(speedups, args.sweep_repeats))
