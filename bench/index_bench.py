@@ -1,8 +1,8 @@
 """Index building: `radix_core.build_radix_index` against the `radix-mlp` package, side by side.
 
 Both get the same uint32 ids, positions and cu_seqlens (radix-mlp's native input); ours also returns each
-sequence's added block (`cu_seqlens_q`). Timings are medians over interleaved repetitions in one process. Writes the table and,
-next to it, a plot of build time against N'/N (`index_bench.png`).
+sequence's added block (`cu_seqlens_q`). Timings are medians over interleaved repetitions in one process. Writes
+the table and, next to it, a plot of build time against N'/N (`index_bench.png`).
 
     python bench/index_bench.py [--repeats 15] [--out bench/results/index_bench.md]
 """

@@ -99,14 +99,14 @@ def merge_prefix(out: torch.Tensor, lse: torch.Tensor, prefix_out: torch.Tensor,
                  rows: torch.Tensor) -> torch.Tensor:
     """Softmax over a row's whole path from its parts: `out` (R, H, D) and `lse` (R, H) of the causal blocks,
     `prefix_out` (P, H, D) and `prefix_lse` (P, H) of the prefix blocks, whose query `i` is row `rows[i]`.
-    Each part is weighted by exp(its lse - the row's largest lse), in float32; returns `out`'s dtype."""
+    Each part is weighted by exp(its lse - the row's largest lse), in float32; returns `out`'s dtype. Consumes
+    its float32 inputs (the backends' fresh results): the weighting is done in place."""
     index = rows[:, None].expand(-1, lse.shape[1])  # (P, H)
     top = lse.scatter_reduce(0, index, prefix_lse, "amax")  # (R, H) the row's largest lse, for stability
-    weight = torch.exp(lse - top)  # (R, H)
-    prefix_weight = torch.exp(prefix_lse - top.index_select(0, rows))  # (P, H)
-    total = (out.float() * weight[..., None]).index_add_(0, rows, prefix_out.float() * prefix_weight[..., None])
-    norm = weight.index_add_(0, rows, prefix_weight)  # (R, H)
-    return (total / norm[..., None]).to(out.dtype)
+    weight = (lse - top).exp_()  # (R, H)
+    prefix_weight = (prefix_lse - top.index_select(0, rows)).exp_()  # (P, H)
+    total = out.float().mul_(weight[..., None]).index_add_(0, rows, prefix_out.float().mul_(prefix_weight[..., None]))
+    return total.div_(weight.index_add_(0, rows, prefix_weight)[..., None]).to(out.dtype)
 
 
 class AttentionBackend:

@@ -40,7 +40,8 @@ def test_named_batches_are_the_same_in_every_process_and_shaped_as_named():
     assert len(long) == 32 and {len(s) for s in long} == {2304} and all(s[:2048] == long[0][:2048] for s in long)
     assert [name for name, shape in workloads.SHAPES.items() if shape.long] == ["synthetic 32x(2048+256)"]
     for n in workloads.SCALING_COUNTS:
-        shared, alone = workloads.make_batch(workloads.scaling_name(n)), workloads.make_batch(workloads.suffixes_name(n))
+        shared = workloads.make_batch(workloads.scaling_name(n))
+        alone = workloads.make_batch(workloads.suffixes_name(n))
         assert len(shared) == len(alone) == n
         assert {len(s) for s in shared} == {workloads.SCALING_PREFIX + workloads.SCALING_SUFFIX}
         assert {len(s) for s in alone} == {workloads.SCALING_SUFFIX}
