@@ -34,7 +34,7 @@ def profile_mode(engine: Engine, sequences, mode: str, repeats: int, top: int) -
     wall = (time.perf_counter() - start) / repeats
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
-    rows = [f"| {mode} | (forward, wall) | {wall * 1000:.0f} | 100% | {repeats} |"]
+    rows = [f"| {mode} | (forward, wall) | {wall * 1000:.0f} | 100% | - |"]
     for e in events[:top]:
         rows.append(f"| {mode} | `{e.key}` | {e.self_cpu_time_total / repeats / 1000:.1f} | "
                     f"{e.self_cpu_time_total / total:.1%} | {e.count // repeats} |")
