@@ -78,18 +78,17 @@ def shared_prefix_index(num_seqs: int, shared: int, unique: tuple[int, int], see
 
 
 def segment_calls(index: RadixIndex, device: str = "cuda") -> dict[str, dict]:
-    """`segment_attention`'s calls for `index`'s cascade plan, keyword arguments by kind: "self", each radix-tree
-    segment causal over itself, and, when a segment has descendants, "prefix", one block per such segment whose
-    queries are all the rows below it."""
-    plan = cascade_plan(index)
-    upload = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    segments = upload(plan.segments)  # (S+1,)
-    calls = {"self": dict(cu_seqlens_q=segments, key_start=segments[:-1], key_end=segments[1:],
-                          max_seqlen_q=plan.max_segment, causal=True)}
-    if plan.has_prefix:
-        calls["prefix"] = dict(q_rows=upload(plan.prefix_rows), cu_seqlens_q=upload(plan.prefix_cu),
-                               key_start=upload(plan.prefix_key_start), key_end=upload(plan.prefix_key_end),
-                               max_seqlen_q=int(np.diff(plan.prefix_cu).max()), causal=False)
+    """`segment_attention`'s keyword arguments by kind, from the engine's own `full`-mode metadata for `index`
+    (as `TritonAttention` passes them): "self", each radix-tree segment causal over itself, and, when a segment
+    has descendants, "prefix", one block per such segment whose queries are all the rows below it."""
+    meta = full_metadata(index, device)
+    cu = meta.causal.cu_seqlens  # (S+1,)
+    calls = {"self": dict(cu_seqlens_q=cu, key_start=cu[:-1], key_end=cu[1:], max_seqlen_q=meta.causal.max_seqlen,
+                          causal=True)}
+    if meta.prefix is not None:
+        prefix = meta.prefix
+        calls["prefix"] = dict(q_rows=prefix.q_rows, cu_seqlens_q=prefix.cu_seqlens_q, key_start=prefix.key_start,
+                               key_end=prefix.key_end, max_seqlen_q=prefix.max_seqlen_q, causal=False)
     return calls
 
 

@@ -61,9 +61,8 @@ def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str
     index = build_radix_index(input_ids, cu_seqlens)
     if mode == "auto":
         mode = "full" if index.compression <= limits.radix_threshold else "off"
-    if mode == "off":
-        return PreparedBatch(input_ids, cu_seqlens, "off", None)
-    return PreparedBatch(input_ids, cu_seqlens, mode, index, cascade_plan(index) if mode == "full" else None)
+    cascade = cascade_plan(index) if mode == "full" else None
+    return PreparedBatch(input_ids, cu_seqlens, mode, index if mode != "off" else None, cascade)
 
 
 def check_tokens(input_ids: np.ndarray, cu_seqlens: np.ndarray, limits: BatchLimits) -> None:

@@ -39,14 +39,6 @@ class CascadePlan:
     prefix_key_end: np.ndarray  # (I,) int32 and that segment's end
 
     @property
-    def num_segments(self) -> int:
-        return int(self.segments.shape[0]) - 1
-
-    @property
-    def max_segment(self) -> int:
-        return int(np.diff(self.segments).max())
-
-    @property
     def has_prefix(self) -> bool:
         """False when no segment has a descendant (no sharing): the self blocks are the whole attention."""
         return self.prefix_cu.shape[0] > 1
