@@ -1,16 +1,24 @@
-"""`TokenBudgetBatcher`: the engine replica's queue, cut into token-budget batches that keep prefixes together.
+"""`TokenBudgetBatcher`: the engine replica's queue of requests, cut into token-budget batches that keep prefixes
+together and put interactive work first.
 
     batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=16384, wait_timeout_s=0.01, prepare=build_index)
-    result = await batcher.submit(item, num_tokens=n, prefix_key=key)
+    results = await batcher.submit(parts, num_tokens=[...], costs=[...], prefix_key=key, priority=0)
 
-A batch closes when the waiting items hold `max_batch_tokens` or the oldest has waited `wait_timeout_s`.
-A request is refused at once (`QueueFullError`, with a retry hint) when the queue holds `max_queued_tokens` or
-`max_queued_items`, or when the work ahead of it (running, prepared and queued tokens at the device's recent
-rate) exceeds `max_queue_wait_s`: under overload the accepted requests keep their latency and the rest are told
-at once when to come back. (The time bound also refuses a fixed set of clients whose requests together hold more
-work than it: set it above their concurrency times a request's service time.) It is
-filled first with the oldest item's prefix group, then with the other groups in the order their oldest item
-arrived, first fit within the budget; an item larger than the budget runs alone once it is the oldest.
+The unit of admission, cancellation and accounting is the request: `submit` takes all of a request's parts at
+once and admits them together or refuses them together (`QueueFullError`, with a retry hint), before any of them
+computes. A request is never refused while nothing is queued, so every request the request limits accept runs on
+an idle replica; beyond that it is refused when the queued work plus its own would pass `max_queued_tokens`, or
+when the work ahead of it (running, prepared and queued, at the device's recent rate) passes `max_queue_wait_s`.
+Work is counted in `costs`: the rows the device will compute (a shared prefix once), not the input tokens. When
+the caller goes away (its task is cancelled) or one of its parts fails, every part still queued leaves the queue,
+and a prepared batch holding a part of a finished request is not run: its live parts go back to the queue.
+
+A batch closes when the waiting parts hold `max_batch_tokens` (input tokens: what the device holds) or the oldest
+has waited `wait_timeout_s`. It is filled by priority class (0 first; a part that has waited `aging_s` counts as
+class 0, so no class starves), then with the oldest part's prefix group, then the other groups in the order their
+oldest part arrived, first fit within the budget; a part larger than the budget runs alone once it is first. A
+prepared batch of later classes only is put back when a class-0 part waits, so such work delays class 0 by at most
+the batch on the device.
 
 Two stages run as a pipeline so the device never waits for the CPU work of the next batch:
 
@@ -20,8 +28,7 @@ Two stages run as a pipeline so the device never waits for the CPU work of the n
 While batch k runs, batch k+1 is formed and prepared; it then waits (at most one prepared batch) until batch k
 finishes. Without `prepare`, `run_batch` receives the item list. An exception from either stage fails exactly
 the requests of that batch (logged once, naming their request ids); the batcher keeps serving. Ray Serve's
-`@serve.batch` (with `batch_size_fn`) counts a budget too, but neither groups by key nor splits a batch into
-pipelined stages.
+`@serve.batch` (with `batch_size_fn`) counts a budget too, but neither groups by key nor admits requests whole.
 
 An `observer` (`BatchObserver`; the engine replica's metrics) hears every change of the queue's size and every
 batch's `BatchStats`. The two loops run in a context of their own, not the first caller's, so their log lines
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -42,7 +50,8 @@ logger = logging.getLogger("ray.serve")
 
 
 class QueueFullError(RuntimeError):
-    """The replica's batch queue is at its bound; the caller should retry after about `retry_after_s`."""
+    """The replica's batch queue is at its bound; the caller should retry after about `retry_after_s` (a request
+    the limits accepted always fits once the queue has drained)."""
 
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message, retry_after_s)  # both in args, so the error pickles across Ray processes
@@ -57,8 +66,9 @@ class QueueFullError(RuntimeError):
 class BatchStats:
     """Timings of one batch, in seconds."""
 
-    num_items: int
-    num_tokens: int
+    num_items: int  # parts
+    num_tokens: int  # input tokens
+    work_tokens: int  # rows the admission priced (costs)
     num_keys: int  # distinct prefix keys (keyless items count one each)
     queue_s: float  # oldest item's wait from submit until its batch closed
     build_s: float  # prepare(): the index build, overlapped with the previous batch's forward
@@ -97,10 +107,11 @@ class BatcherStats:
         self.num_failed_batches += not batch.ok
         self.recent.append(batch)
 
-    def tokens_per_second(self) -> float | None:
-        """Tokens the device ran per second of forward over the recent batches; None before the first."""
+    def work_per_second(self) -> float | None:
+        """Work (priced rows) the device ran per second of forward over the recent batches; None before the
+        first."""
         seconds = sum(b.forward_s for b in self.recent if b.ok)
-        return sum(b.num_tokens for b in self.recent if b.ok) / seconds if seconds > 0 else None
+        return sum(b.work_tokens for b in self.recent if b.ok) / seconds if seconds > 0 else None
 
     def summary(self) -> dict[str, float]:
         """Means over the recent batches (zeros before the first batch)."""
@@ -111,23 +122,35 @@ class BatcherStats:
                 "num_failed_batches": self.num_failed_batches, **{f"mean_{k}": v for k, v in mean.items()}}
 
 
+@dataclass(eq=False)
+class _Request:
+    """What a request's parts share: its group, class and arrival; `done` once answered, failed or cancelled, so
+    any of its parts still queued or prepared is dropped."""
+
+    group: Hashable  # the prefix key, or a fresh object so keyless requests group with nothing
+    priority: int
+    enqueued: float
+    request_id: str | None
+    done: bool = False
+
+
 @dataclass(eq=False, slots=True)
-class _Waiting:
+class _Part:
     item: Any
     num_tokens: int
-    group: Hashable  # the prefix key, or a fresh object so keyless items group with nothing
-    enqueued: float
+    cost: int
+    request: _Request
+    seq: int  # arrival order across all requests
     future: asyncio.Future
-    request_id: str | None
 
 
 class TokenBudgetBatcher:
-    """Token-budget, prefix-grouping, pipelined batching for one replica's event loop."""
+    """Token-budget, prefix-grouping, prioritised, pipelined batching of whole requests for one replica's loop."""
 
     def __init__(self, run_batch: Callable[[Any], Awaitable[Sequence[Any]]], max_batch_tokens: int,
                  wait_timeout_s: float, *, prepare: Callable[[list[Any]], Awaitable[Any]] | None = None,
-                 max_queued_tokens: int | None = None, max_queued_items: int | None = None,
-                 max_queue_wait_s: float | None = None, observer: BatchObserver | None = None):
+                 max_queued_tokens: int | None = None, max_queue_wait_s: float | None = None,
+                 aging_s: float = 30.0, observer: BatchObserver | None = None):
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if wait_timeout_s < 0:
@@ -137,13 +160,15 @@ class TokenBudgetBatcher:
         self.max_batch_tokens = max_batch_tokens
         self.wait_timeout_s = wait_timeout_s
         self.max_queued_tokens = max_queued_tokens
-        self.max_queued_items = max_queued_items
         self.max_queue_wait_s = max_queue_wait_s
+        self.aging_s = aging_s
         self.observer = observer
         self.stats = BatcherStats()
-        self._queue: list[_Waiting] = []  # arrival order
-        self._queued_tokens = 0
-        self._inflight_tokens = 0  # taken into a batch that has not finished yet
+        self._queue: list[_Part] = []  # arrival order (`seq`)
+        self._queued_tokens = 0  # input tokens of the queued parts: closes a batch at the budget
+        self._queued_cost = 0  # their work: admission
+        self._inflight_cost = 0  # work taken into a batch that has not finished yet
+        self._seq = itertools.count()
         self._arrived: asyncio.Event | None = None  # created on the serving loop, at the first submit
         self._handoff: asyncio.Queue | None = None  # the (at most one) prepared batch waiting for the device
         self._tasks: list[asyncio.Task] = []
@@ -157,29 +182,28 @@ class TokenBudgetBatcher:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    async def submit(self, item: Any, num_tokens: int, prefix_key: str | None = None,
-                     request_id: str | None = None) -> Any:
-        """Queue `item` (`num_tokens` of work) and return its own result once its batch has run; `request_id`
-        names it in the batch's log lines and stats."""
-        if self._closed:
-            raise RuntimeError("the batcher is closed; the replica is shutting down")
-        self._check_room(num_tokens)
+    async def submit(self, items: Sequence[Any], num_tokens: Sequence[int], costs: Sequence[int] | None = None,
+                     prefix_key: str | None = None, request_id: str | None = None, priority: int = 0) -> list[Any]:
+        """Admit one request's `items` (`num_tokens` input tokens and `costs` of work each; the cost defaults to
+        the tokens) together or refuse them together, and return their results in order once they ran.
+        `request_id` names it in the batches' log lines and stats. Cancelling the caller, or a part's failure,
+        drops the parts still waiting."""
+        costs = num_tokens if costs is None else costs
+        self._check_request(items, num_tokens, costs)
+        self._admit(sum(costs))
         self._start()
         loop = asyncio.get_running_loop()
-        entry = _Waiting(item, num_tokens, prefix_key if prefix_key is not None else object(), loop.time(),
-                         loop.create_future(), request_id)
-        self._queue.append(entry)
-        self._queued_tokens += num_tokens
-        self._queue_changed()
+        request = _Request(prefix_key if prefix_key is not None else object(), priority, loop.time(), request_id)
+        parts = [_Part(item, n, cost, request, next(self._seq), loop.create_future())
+                 for item, n, cost in zip(items, num_tokens, costs)]
+        self._queue.extend(parts)
+        self._count_queued(parts, +1)
         self._arrived.set()
         try:
-            return await entry.future
-        except asyncio.CancelledError:
-            if entry in self._queue:  # caller gave up before its batch closed: drop it
-                self._queue.remove(entry)
-                self._queued_tokens -= entry.num_tokens
-                self._queue_changed()
-            raise
+            return list(await asyncio.gather(*(part.future for part in parts)))
+        finally:
+            request.done = True
+            self._drop(request)
 
     async def close(self) -> None:
         """Stop serving: waiting requests and batches in flight fail with a RuntimeError."""
@@ -192,36 +216,54 @@ class TokenBudgetBatcher:
             self._fail(self._handoff.get_nowait()[0], closed)
         self._fail(self._queue, closed)
         self._queue.clear()
-        self._queued_tokens = self._inflight_tokens = 0
+        self._queued_tokens = self._queued_cost = self._inflight_cost = 0
         self._queue_changed()
 
-    def _check_room(self, num_tokens: int) -> None:
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if self.max_queued_items is not None and len(self._queue) >= self.max_queued_items:
+    def _check_request(self, items: Sequence[Any], num_tokens: Sequence[int], costs: Sequence[int]) -> None:
+        if self._closed:
+            raise RuntimeError("the batcher is closed; the replica is shutting down")
+        if not items or not len(items) == len(num_tokens) == len(costs):
+            raise ValueError(f"a request needs one or more items with a token count and a cost each, got "
+                             f"{len(items)} items, {len(num_tokens)} counts, {len(costs)} costs")
+        if min(num_tokens) < 1 or min(costs) < 1:
+            raise ValueError(f"token counts and costs must be >= 1, got {min(num_tokens)} and {min(costs)}")
+
+    def _admit(self, cost: int) -> None:
+        """Refuse the request (QueueFullError) when the queue's bounds leave no room for it; never while nothing
+        is queued, so a request the limits accept always runs on an idle replica."""
+        if not self._queue:
+            return
+        if self.max_queued_tokens is not None and self._queued_cost + cost > self.max_queued_tokens:
             retry = self._drain_s()
-            raise QueueFullError(f"batch queue full: {len(self._queue)} requests waiting (max_queued_items="
-                                 f"{self.max_queued_items}); retry in about {retry:.1f} s, add replicas, or raise "
-                                 "the bound", retry)
-        if self.max_queued_tokens is not None and self._queued_tokens + num_tokens > self.max_queued_tokens:
-            retry = self._drain_s()
-            raise QueueFullError(f"batch queue full: {self._queued_tokens} tokens waiting + {num_tokens} requested "
-                                 f"> max_queued_tokens={self.max_queued_tokens}; retry in about {retry:.1f} s, add "
-                                 "replicas, split the request, or raise the bound", retry)
-        rate = self.stats.tokens_per_second()
+            raise QueueFullError(f"replica busy: {self._queued_cost} tokens of work queued + {cost} for this request "
+                                 f"> max_queued_tokens={self.max_queued_tokens}; retry in about {retry:.1f} s, when "
+                                 "the work ahead has drained, or add replicas", retry)
+        rate = self.stats.work_per_second()
         if self.max_queue_wait_s is not None and rate:
-            ahead = (self._inflight_tokens + self._queued_tokens) / rate
+            ahead = (self._inflight_cost + self._queued_cost) / rate
             if ahead > self.max_queue_wait_s:
                 retry = ahead - self.max_queue_wait_s
                 raise QueueFullError(f"replica busy: about {ahead:.1f} s of work ahead of this request at its recent "
                                      f"rate (max_queue_wait_s={self.max_queue_wait_s:g}); retry in about "
-                                     f"{retry:.1f} s, add replicas, or raise the bound", retry)
+                                     f"{retry:.1f} s, or add replicas", retry)
 
     def _drain_s(self) -> float:
         """Seconds the device needs for what is ahead now (running, prepared and queued), at its recent rate (1 s
         before it has one)."""
-        rate = self.stats.tokens_per_second()
-        return (self._inflight_tokens + self._queued_tokens) / rate if rate else 1.0
+        rate = self.stats.work_per_second()
+        return (self._inflight_cost + self._queued_cost) / rate if rate else 1.0
+
+    def _drop(self, request: _Request) -> None:
+        """Take the request's parts out of the queue (it was answered, failed or its caller went away)."""
+        gone = [part for part in self._queue if part.request is request]
+        if gone:
+            self._queue = [part for part in self._queue if part.request is not request]
+            self._count_queued(gone, -1)
+
+    def _count_queued(self, parts: Sequence[_Part], sign: int) -> None:
+        self._queued_tokens += sign * sum(part.num_tokens for part in parts)
+        self._queued_cost += sign * sum(part.cost for part in parts)
+        self._queue_changed()
 
     def _start(self) -> None:
         if not self._tasks:
@@ -236,8 +278,8 @@ class TokenBudgetBatcher:
         while True:
             batch = await self._next_batch()
             closed_at = loop.time()
-            queue_s = closed_at - batch[0].enqueued
-            items = [w.item for w in batch]
+            queue_s = closed_at - min(part.request.enqueued for part in batch)
+            items = [part.item for part in batch]
             try:
                 prepared = await self.prepare(items) if self.prepare is not None else items
             except asyncio.CancelledError:
@@ -245,18 +287,22 @@ class TokenBudgetBatcher:
                 raise
             except Exception as err:  # this batch fails; the next one is unaffected
                 self._fail(batch, err)
-                self._record(self._stats(batch, queue_s, loop.time() - closed_at, 0.0, 0.0, ok=False), err)
+                self._record(batch, self._stats(batch, queue_s, loop.time() - closed_at, 0.0, 0.0, ok=False), err)
                 continue
             await self._handoff.put((batch, prepared, queue_s, loop.time() - closed_at, loop.time()))
             await self._handoff.join()  # at most one prepared batch waits for the device
 
     async def _run_loop(self) -> None:
-        """Run prepared batches one at a time and resolve each request with its own result."""
+        """Run prepared batches one at a time and resolve each part with its own result; a batch that lost a
+        request, or holds later classes only while class 0 waits, goes back to the queue instead."""
         loop = asyncio.get_running_loop()
         while True:
             batch, prepared, queue_s, build_s, ready_at = await self._handoff.get()
             started = loop.time()
             self._handoff.task_done()  # lets the next batch be formed and prepared while this one runs
+            if self._should_return(batch, started):
+                self._return(batch)
+                continue
             try:
                 results = await self.run_batch(prepared)
                 if len(results) != len(batch):
@@ -266,23 +312,40 @@ class TokenBudgetBatcher:
                 raise
             except Exception as err:
                 self._fail(batch, err)
-                self._record(self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started,
-                                         ok=False), err)
+                self._record(batch, self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started,
+                                                ok=False), err)
                 continue
-            for waiting, result in zip(batch, results):
-                if not waiting.future.done():
-                    waiting.future.set_result(result)
-            self._record(self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started))
+            for part, result in zip(batch, results):
+                if not part.future.done():
+                    part.future.set_result(result)
+            self._record(batch, self._stats(batch, queue_s, build_s, started - ready_at, loop.time() - started))
 
-    async def _next_batch(self) -> list[_Waiting]:
-        """Wait until the budget is reached or the oldest waiting item times out, then take a batch."""
+    def _should_return(self, batch: list[_Part], now: float) -> bool:
+        """A prepared batch that holds a part of a finished request (cancelled or failed: its work is not done), or
+        only later classes while a class-0 part waits."""
+        if any(part.request.done for part in batch):
+            return True
+        return min(self._class(part, now) for part in batch) > 0 and \
+            any(self._class(part, now) == 0 for part in self._queue)
+
+    def _return(self, batch: list[_Part]) -> None:
+        """Put a prepared batch's live parts back in the queue, in arrival order; it never ran."""
+        self._inflight_cost -= sum(part.cost for part in batch)
+        live = [part for part in batch if not part.request.done]
+        self._queue = sorted(self._queue + live, key=lambda part: part.seq)
+        self._count_queued(live, +1)
+        if live:
+            self._arrived.set()
+
+    async def _next_batch(self) -> list[_Part]:
+        """Wait until the budget is reached or the oldest waiting part times out, then take a batch."""
         loop = asyncio.get_running_loop()
         while True:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
             while self._queue and self._queued_tokens < self.max_batch_tokens:
-                remaining = self._queue[0].enqueued + self.wait_timeout_s - loop.time()
+                remaining = min(p.request.enqueued for p in self._queue) + self.wait_timeout_s - loop.time()
                 if remaining <= 0:
                     break
                 self._arrived.clear()
@@ -291,39 +354,45 @@ class TokenBudgetBatcher:
                 except asyncio.TimeoutError:
                     break
             if self._queue:  # empty when every waiting caller cancelled meanwhile
-                return self._take()
+                return self._take(loop.time())
 
-    def _take(self) -> list[_Waiting]:
-        """The oldest item's group first, then other groups by their oldest item; first fit in the budget."""
-        group_rank: dict[Hashable, int] = {}
-        for w in self._queue:
-            group_rank.setdefault(w.group, len(group_rank))
-        order = sorted(range(len(self._queue)), key=lambda i: (group_rank[self._queue[i].group], i))
+    def _class(self, part: _Part, now: float) -> int:
+        """The part's priority class, 0 once it has waited `aging_s`."""
+        return 0 if now - part.request.enqueued >= self.aging_s else part.request.priority
+
+    def _take(self, now: float) -> list[_Part]:
+        """By class, then the first group of the class first, then other groups by their oldest part; first fit in
+        the budget."""
+        classes = [self._class(part, now) for part in self._queue]
+        group_rank: dict[tuple[int, Hashable], int] = {}
+        for part, klass in zip(self._queue, classes):
+            group_rank.setdefault((klass, part.request.group), len(group_rank))
+        order = sorted(range(len(self._queue)),
+                       key=lambda i: (classes[i], group_rank[classes[i], self._queue[i].request.group], i))
         taken, total = [], 0
         for i in order:
             n = self._queue[i].num_tokens
-            if total + n <= self.max_batch_tokens or not taken:  # the oldest goes even when over budget
+            if total + n <= self.max_batch_tokens or not taken:  # the first goes even when over budget
                 taken.append(i)
                 total += n
             if total >= self.max_batch_tokens:
                 break
         chosen = set(taken)
         batch = [self._queue[i] for i in taken]
-        self._queue = [w for i, w in enumerate(self._queue) if i not in chosen]
-        self._queued_tokens -= total
-        self._inflight_tokens += total
-        self._queue_changed()
+        self._queue = [part for i, part in enumerate(self._queue) if i not in chosen]
+        self._inflight_cost += sum(part.cost for part in batch)
+        self._count_queued(batch, -1)
         return batch
 
     def _queue_changed(self) -> None:
         if self.observer is not None:
             self.observer.queue_changed(len(self._queue), self._queued_tokens)
 
-    def _record(self, stats: BatchStats, err: Exception | None = None) -> None:
+    def _record(self, batch: list[_Part], stats: BatchStats, err: Exception | None = None) -> None:
         """Count the batch, tell the observer, and log it: DEBUG when it ran, WARNING (once for all its requests)
         when it failed."""
         self.stats.record(stats)
-        self._inflight_tokens -= stats.num_tokens
+        self._inflight_cost -= sum(part.cost for part in batch)
         if self.observer is not None:
             self.observer.batch_done(stats)
         ids = ", ".join(stats.request_ids) or "none given"
@@ -335,15 +404,18 @@ class TokenBudgetBatcher:
                          "forward %.4f s; requests: %s", stats.num_items, stats.num_tokens, stats.num_keys,
                          stats.queue_s, stats.build_s, stats.wait_s, stats.forward_s, ids)
 
-    def _stats(self, batch: list[_Waiting], queue_s: float, build_s: float, wait_s: float, forward_s: float,
+    @staticmethod
+    def _stats(batch: list[_Part], queue_s: float, build_s: float, wait_s: float, forward_s: float,
                ok: bool = True) -> BatchStats:
-        return BatchStats(num_items=len(batch), num_tokens=sum(w.num_tokens for w in batch),
-                          num_keys=len({w.group for w in batch}), queue_s=queue_s, build_s=build_s, wait_s=wait_s,
-                          forward_s=forward_s, ok=ok,
-                          request_ids=tuple(dict.fromkeys(w.request_id for w in batch if w.request_id)))
+        return BatchStats(num_items=len(batch), num_tokens=sum(part.num_tokens for part in batch),
+                          work_tokens=sum(part.cost for part in batch),
+                          num_keys=len({part.request.group for part in batch}), queue_s=queue_s, build_s=build_s,
+                          wait_s=wait_s, forward_s=forward_s, ok=ok,
+                          request_ids=tuple(dict.fromkeys(part.request.request_id for part in batch
+                                                          if part.request.request_id)))
 
     @staticmethod
-    def _fail(batch: list[_Waiting], err: BaseException) -> None:
-        for waiting in batch:
-            if not waiting.future.done():
-                waiting.future.set_exception(err)
+    def _fail(batch: list[_Part], err: BaseException) -> None:
+        for part in batch:
+            if not part.future.done():
+                part.future.set_exception(err)

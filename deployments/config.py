@@ -160,8 +160,9 @@ class AppArgs(_Settings):
     max_tokens_per_item: int | None = Field(
         None, ge=1, description="Most tokens of one templated item; default the model's maximum length.")
     max_request_tokens: int = Field(
-        8192, ge=1, description="The ingress splits larger requests into sub-requests of at most this many "
-                                "tokens, all with the request's prefix key.")
+        8192, ge=1, description="The ingress cuts a larger request into parts of at most this many tokens (whole "
+                                "items), sent together in one call and admitted together; the batcher fills "
+                                "batches with parts.")
     max_request_bytes: int = Field(
         16 * 1024 * 1024, ge=1, description="Largest gRPC request message the ingress accepts; larger ones get "
                                             "RESOURCE_EXHAUSTED naming this limit. Ray's gRPC proxy itself "
@@ -183,15 +184,21 @@ class AppArgs(_Settings):
         1024, ge=1, description="Requests one ingress replica handles at once (each mostly awaits the engine); "
                                 "beyond it the proxy queues them.")
     max_queued_tokens: int | None = Field(
-        None, ge=1, description="Tokens one engine replica queues before refusing more at once with "
-                                "RESOURCE_EXHAUSTED and a retry hint (load shedding by the real work); default "
-                                "4 x max_batch_tokens.")
+        None, ge=1, description="Work one engine replica queues before refusing more requests at once with "
+                                "RESOURCE_EXHAUSTED and a retry hint, in rows the device will compute (a request's "
+                                "shared prefix counts once). A request is admitted or refused whole, and never "
+                                "while the replica's queue is empty, so any request the request limits accept runs "
+                                "on an idle replica. Default 64 x max_batch_tokens.")
     max_queue_wait_s: float | None = Field(
         None, gt=0, description="An engine replica refuses a request at once (RESOURCE_EXHAUSTED with a retry hint) "
                                "when more than this many seconds of work are ahead of it (running, prepared and "
-                               "queued tokens at its recent rate): the queueing an accepted request may see under "
-                               "overload (a latency bound: lower it where latency matters more than full batches). "
-                               "Unset: bounded by max_queued_tokens only.")
+                               "queued work at its recent rate) and its queue is not empty: the queueing an "
+                               "accepted request may see under overload (a latency bound: lower it where latency "
+                               "matters more than full batches). Unset: bounded by max_queued_tokens only.")
+    batch_priority_aging_s: float = Field(
+        30.0, gt=0, description="Requests sent with priority batch run after interactive ones (they only fill what "
+                                "interactive work leaves of a batch) until they have waited this long; then they "
+                                "count as interactive, so bulk work is never starved.")
     max_queued_requests: int | None = Field(
         2048, ge=1, description="Requests each caller may queue for the engine before getting a back-pressure "
                                 "error (Ray Serve's max_queued_requests); unset for no bound.")
@@ -238,10 +245,10 @@ class AppArgs(_Settings):
     def _limits_consistent(self) -> AppArgs:
         if self.max_request_tokens > self.max_batch_tokens:
             raise ValueError(f"max_request_tokens ({self.max_request_tokens}) must be <= max_batch_tokens "
-                             f"({self.max_batch_tokens}) so one sub-request fits one engine batch")
+                             f"({self.max_batch_tokens}) so one part of a request fits one engine batch")
         if self.max_tokens_per_item is not None and self.max_tokens_per_item > self.max_request_tokens:
             raise ValueError(f"max_tokens_per_item ({self.max_tokens_per_item}) must be <= max_request_tokens "
-                             f"({self.max_request_tokens}): an item cannot be split across sub-requests")
+                             f"({self.max_request_tokens}): an item cannot be split across parts")
         return self
 
     def resolved_accelerator(self, cluster_gpus: float) -> Literal["gpu", "cpu"]:
@@ -250,8 +257,8 @@ class AppArgs(_Settings):
 
     @property
     def queued_token_bound(self) -> int:
-        """`max_queued_tokens`, or 4 batches' worth."""
-        return self.max_queued_tokens if self.max_queued_tokens is not None else 4 * self.max_batch_tokens
+        """`max_queued_tokens`, or 64 batches' worth."""
+        return self.max_queued_tokens if self.max_queued_tokens is not None else 64 * self.max_batch_tokens
 
     def engine_torch_device(self, cluster_gpus: float) -> str:
         """The engine replicas' torch device: "cuda" where they reserve a GPU, unless engine_device is cpu."""

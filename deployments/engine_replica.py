@@ -1,9 +1,14 @@
 """`EngineReplica`: one engine (one GPU with `accelerator: gpu`) behind a token-budget, prefix-grouping batcher.
 
-Jobs arrive from the ingress already validated and tokenized (`radix_core.tasks.TaskJob`: token ids and what
-finishing needs), with the prefix key and exact token count the router used. The batcher groups jobs of one
-prefix into one batch; the replica's `IndexBuilder` actor indexes batch k+1 while batch k runs here; each job
-gets its own partial result back, which the ingress merges.
+A client request arrives from the ingress as one `EngineRequest`: its parts (`radix_core.tasks.TaskJob`: token
+ids and what finishing needs), already validated and tokenized, with the prefix key the router used and the work
+it costs. The batcher admits the request whole or refuses it whole, groups parts of one prefix into one batch,
+and drops the parts of a request whose call was cancelled; the replica's `IndexBuilder` actor indexes batch k+1
+while batch k runs here; the request gets its parts' partial results back, which the ingress merges.
+
+A refusal is returned, not raised (`QueueFullError` as the call's value): Ray Serve logs every exception a
+replica method raises at ERROR with its stack trace, and a refusal is routine under load (the ingress logs it as
+one WARNING line and answers RESOURCE_EXHAUSTED).
 
 Each job keeps the id of the client request it came from (Ray carries it from the ingress in the request
 context): the batch's log lines name the ids of its requests, so a slow or failed request can be followed from
@@ -26,8 +31,9 @@ from ray import serve
 from ray.exceptions import RayActorError
 
 from deployments import request_ids
-from deployments.batcher import TokenBudgetBatcher
+from deployments.batcher import QueueFullError, TokenBudgetBatcher
 from deployments.config import AppArgs
+from deployments.engine_request import EngineRequest
 from deployments.index_builder import IndexBuilder, build_batch
 from deployments.metrics import EngineMetrics
 from radix_core import Engine
@@ -56,11 +62,18 @@ class EngineReplica:
                                           args.max_batch_tokens, args.batch_wait_timeout_s,
                                           prepare=self._build if pipelined else None,
                                           max_queued_tokens=args.queued_token_bound,
-                                          max_queue_wait_s=args.max_queue_wait_s, observer=self.metrics)
+                                          max_queue_wait_s=args.max_queue_wait_s,
+                                          aging_s=args.batch_priority_aging_s, observer=self.metrics)
 
-    async def submit(self, job: TaskJob, *, prefix_key: str | None = None, num_tokens: int = 1) -> Any:
-        """One job's partial result; `prefix_key` and `num_tokens` are the routing contract (deployments.router)."""
-        return await self.batcher.submit(job, num_tokens, prefix_key, request_id=request_ids.current())
+    async def submit(self, request: EngineRequest) -> list[Any] | QueueFullError:
+        """The partial results of the request's parts, in order, or its refusal."""
+        parts = request.parts
+        try:
+            return await self.batcher.submit(parts, [part.num_tokens for part in parts],
+                                             [part.work_tokens for part in parts], request.prefix_key,
+                                             request_ids.current(), int(request.priority))
+        except QueueFullError as refusal:
+            return refusal
 
     def info(self) -> dict[str, Any]:
         return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,

@@ -17,18 +17,25 @@ from radix_core.tasks import Task
 from radixserve.v1 import scoring_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
+SERVER_FIELDS = ("priority",)  # the last fields of every task request: for the server (`EngineRequest`), not the task
 
 
 def from_pb(request: Message) -> dict[str, Any]:
     """The task's keyword arguments: each field under its own name (the proto names them after the library's
-    arguments), repeated fields as lists; an unset `optional` field is left out so the library default applies."""
+    arguments), repeated fields as lists; an unset `optional` field is left out so the library default applies.
+    `SERVER_FIELDS` are not the task's."""
     kwargs = {}
     for field in request.DESCRIPTOR.fields:
-        if field.has_presence and not request.HasField(field.name):
+        if field.name in SERVER_FIELDS or (field.has_presence and not request.HasField(field.name)):
             continue
         value = getattr(request, field.name)
         kwargs[field.name] = list(value) if field.is_repeated else value
     return kwargs
+
+
+def priority_of(request: Message) -> str | None:
+    """The request's `priority` field, None when unset."""
+    return request.priority if request.HasField("priority") else None
 
 
 def response_type(task: Task) -> type[Message]:

@@ -2,8 +2,10 @@
 what is the server's fault (logged here, answered with a short message and no stack trace).
 
     INVALID_ARGUMENT    ValueError from validation, in the ingress or re-raised from the engine replica
-    RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests), the batcher's QueueFullError
-                        (with `retry_after_s`, sent as the trailing metadata `retry-after-ms`)
+    RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests) and the batcher's QueueFullError,
+                        both with a retry hint (`retry_after_s`, sent as the trailing metadata `retry-after-ms`):
+                        the request fits once the engine has room. A refusal without the hint (a message over
+                        max_request_bytes) can never succeed as sent, and clients do not retry it.
     UNAVAILABLE         engine deployment failed, its replica or actor died or is unreachable: retry shortly
     INTERNAL            anything else
 
@@ -34,10 +36,16 @@ def root_cause(err: BaseException) -> BaseException:
     return err
 
 
+BACKPRESSURE_RETRY_S = 1.0  # the hint for Ray's BackPressureError, which carries no estimate of its own
+
+
 def retry_after_s(err: Exception) -> float | None:
-    """Seconds the client should wait before retrying, when the server knows (a full batch queue's drain time)."""
+    """Seconds the client should wait before retrying an overload refusal (a full batch queue's drain time); None
+    when retrying cannot help or the error is not a refusal."""
     cause = root_cause(err)
-    return cause.retry_after_s if isinstance(cause, QueueFullError) else None
+    if isinstance(cause, QueueFullError):
+        return cause.retry_after_s
+    return BACKPRESSURE_RETRY_S if isinstance(cause, BackPressureError) else None
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:

@@ -1,6 +1,6 @@
 """`Ingress`: the CPU front door. Validates, renders and tokenizes each request exactly once, derives its prefix
-key from the token ids, splits it into token-bounded sub-jobs that keep that key, sends them to the engine
-deployment and merges the answers. Every bad-input error is raised here, before anything is queued; the CPU work
+key from the token ids, cuts it into token-bounded parts that keep that key, sends them to the engine deployment
+in one call (`EngineRequest`: admitted, refused and cancelled as one) and merges the answers. Every bad-input error is raised here, before anything is queued; the CPU work
 (tokenizing, merging, protobuf conversion) runs in worker threads, never on the event loop.
 
 Two faces: `call(task, request_dict)` for DeploymentHandle callers, and methods named after the gRPC calls
@@ -14,7 +14,11 @@ stack trace, so every method of grpc.health.v1.Health is defined.)
 The prefix key is a hash of the token ids every sequence of the request starts with (`TaskJob.shared_ids`: the
 template's system prompt, instruction and query for rerank, the instruction for embed, the few-shot prefix for
 classify, the context for score), exactly what the radix trie deduplicates. `PrefixAffinityRouter` sends one key
-to one engine replica, where the batcher puts the sub-jobs of one prefix into one batch.
+to one engine replica, where the batcher puts the parts of one prefix into one batch.
+
+A call cancelled by its client (a gRPC deadline or cancel, an HTTP disconnect: Ray Serve cancels the ingress call
+and the engine call it awaits) leaves the engine's queue; a call made of several task calls (a tei.v1 stream over
+several queries) cancels the others when one fails.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments import grpc_codec, request_ids, tei_grpc
 from deployments.auth import load_api_keys
+from deployments.batcher import QueueFullError
 from deployments.config import AppArgs
+from deployments.engine_request import PRIORITY_HEADER, EngineRequest, Priority
 from deployments.grpc_status import retry_after_s, status_of
 from deployments.http import build_app
 from deployments.metrics import API_GRPC, API_TEI_GRPC, IngressMetrics, count_usage
@@ -69,6 +75,23 @@ def prefix_key(job: TaskJob) -> str | None:
     if shared.size == 0:
         return None
     return hashlib.blake2b(shared.astype("<i4").tobytes(), digest_size=16).hexdigest()
+
+
+async def gather_or_cancel(calls: list[Awaitable[Any]]) -> list[Any]:
+    """`asyncio.gather(*calls)`, except that the first failure cancels the calls still running (gather lets them
+    run on, computing for a request that has already failed)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+
+
+def _metadata_priority(grpc_context: RayServegRPCContext) -> str | None:
+    """The `x-radixserve-priority` metadata of a gRPC call, if sent."""
+    return dict(grpc_context.invocation_metadata()).get(PRIORITY_HEADER)
 
 
 def _task_rpc_method(task: Task) -> Callable:
@@ -136,12 +159,13 @@ class Ingress:
         self.api_keys = load_api_keys(args.api_keys_file, args.api_keys_env)
         self.context = load_task_context(args.model, args.task_config())
         self.card = model_card(args.model, args.served_model_name, args.primary_task, self.context)
-        self.submitted_parts = 0  # sub-jobs sent to the engine by this replica
+        self.submitted_parts = 0  # parts sent to the engine by this replica
         self.metrics = IngressMetrics()
 
-    async def call(self, task: str, request: dict[str, Any]) -> Any:
-        """The task's result for one request; a ValueError names what is wrong before anything is queued."""
-        return await self._answer(task_of(task), request)
+    async def call(self, task: str, request: dict[str, Any], priority: str | None = None) -> Any:
+        """The task's result for one request (`priority`: interactive, the default, or batch); a ValueError names
+        what is wrong before anything is queued."""
+        return await self._answer(task_of(task), request, Priority.parse(priority))
 
     async def info(self) -> dict[str, Any]:
         engine = await self.engine.info.remote()
@@ -190,7 +214,8 @@ class Ingress:
     async def _task_rpc(self, task: Task, request: Message, grpc_context: RayServegRPCContext) -> Message:
         """One Scoring task call: the request message as the task's arguments, the result as its response."""
         async def answer() -> Message:
-            result = await self._answer(task, grpc_codec.from_pb(request))
+            priority = Priority.parse(grpc_codec.priority_of(request) or _metadata_priority(grpc_context))
+            result = await self._answer(task, grpc_codec.from_pb(request), priority)
             return await asyncio.to_thread(grpc_codec.to_pb, task, result)
         return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer, task.name, API_GRPC)
 
@@ -198,17 +223,18 @@ class Ingress:
                        grpc_context: RayServegRPCContext) -> Message:
         """One tei.v1 call: a message, or a client stream's messages."""
         async def answer() -> Message:
-            return await self._tei_answer(call, request)
+            return await self._tei_answer(call, request, Priority.parse(_metadata_priority(grpc_context)))
         return await self._rpc(request, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
-    async def _tei_answer(self, call: tei_grpc.TeiCall,
-                          request: Message | list[Message]) -> Message:
-        """The task calls of `call` at once, then TEI's response; a task's error names TEI's fields."""
+    async def _tei_answer(self, call: tei_grpc.TeiCall, request: Message | list[Message],
+                          priority: Priority) -> Message:
+        """The task calls of `call` at once (all or none: the first failure cancels the others), then TEI's
+        response; a task's error names TEI's fields."""
         started = time.perf_counter_ns()
         try:
             calls = call.arguments(request)
             task = task_of(call.task)
-            results = await asyncio.gather(*(self._answer(task, arguments) for arguments in calls))
+            results = await gather_or_cancel([self._answer(task, arguments, priority) for arguments in calls])
         except Exception as err:
             raise tei_grpc.renamed(call, err)
         return await asyncio.to_thread(call.reply, request, results, time.perf_counter_ns() - started)
@@ -311,14 +337,15 @@ class Ingress:
             return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
-    async def _answer(self, task: Task, request: dict[str, Any]) -> Any:
-        """Encode (in a worker thread), split, submit every part with the request's key, merge."""
+    async def _answer(self, task: Task, request: dict[str, Any], priority: Priority) -> Any:
+        """Encode (in a worker thread), split, submit all parts in one engine call with the request's key, merge;
+        a refusal (the replica's `QueueFullError`, returned as a value) is raised here."""
         job, parts = await asyncio.to_thread(self._encode, task, request)
-        key = prefix_key(job)
         self.submitted_parts += len(parts)
-        partials = await asyncio.gather(*(self.engine.submit.remote(part, prefix_key=key, num_tokens=part.num_tokens)
-                                          for part in parts))
-        result = await asyncio.to_thread(task.merge, job, partials)
+        reply = await self.engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority))
+        if isinstance(reply, QueueFullError):
+            raise reply
+        result = await asyncio.to_thread(task.merge, job, reply)
         count_usage(result.usage)  # into the metered request this call answers (IngressMetrics)
         return result
 

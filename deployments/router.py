@@ -5,13 +5,14 @@ Selected per deployment with
     RequestRouterConfig(request_router_class="deployments.router:PrefixAffinityRouter",
                         request_router_kwargs={"load_factor": 1.25, "virtual_nodes": 128, "min_load_tokens": 8192})
 
-Contract with the caller (the ingress): the key and the work size travel as keyword arguments of the handle
-call, which Ray hands to the router in `PendingRequest.kwargs` and then to the replica method unchanged:
+Contract with the caller (the ingress): the handle call's first argument is an `EngineRequest`
+(`deployments.engine_request`), which Ray hands to the router in `PendingRequest.args` and then to the replica
+method unchanged:
 
-    engine.submit.remote(job, prefix_key=key, num_tokens=n)
+    engine.submit.remote(EngineRequest.of(parts, key, priority))
 
-so the engine's method takes them too (`async def submit(self, job, *, prefix_key, num_tokens)`). A call
-without `prefix_key` is ranked least-loaded first; without `num_tokens` it weighs one token.
+The router reads its `prefix_key` and weighs it by its `cost` (the work the device will do). A request without a
+key is ranked least-loaded first; a call without an `EngineRequest` weighs one token.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
 that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
@@ -27,11 +28,12 @@ recently and the keyed requests that spilled off their key's first replica.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from deployments.engine_request import EngineRequest
 from deployments.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VIRTUAL_NODES, HashRing
 from deployments.metrics import RouterMetrics
 
@@ -40,20 +42,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ray.serve")
 
-PREFIX_KEY_KWARG = "prefix_key"
-NUM_TOKENS_KWARG = "num_tokens"
+def engine_request(args: Sequence[Any]) -> EngineRequest | None:
+    """The `EngineRequest` a handle call carries as its first argument, or None."""
+    return args[0] if args and isinstance(args[0], EngineRequest) else None
 
 
-def request_key(kwargs: Mapping[str, Any]) -> str | None:
+def request_key(args: Sequence[Any]) -> str | None:
     """The prefix key a handle call carries, or None when it carries none."""
-    key = kwargs.get(PREFIX_KEY_KWARG)
-    return key if isinstance(key, str) and key else None
+    request = engine_request(args)
+    return request.prefix_key if request is not None and request.prefix_key else None
 
 
-def request_weight(kwargs: Mapping[str, Any]) -> float:
-    """The work a handle call carries, in tokens (1 when the caller did not say)."""
-    n = kwargs.get(NUM_TOKENS_KWARG)
-    return float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else 1.0
+def request_weight(args: Sequence[Any]) -> float:
+    """The work a handle call carries, in tokens (1 when it carries no `EngineRequest`)."""
+    request = engine_request(args)
+    return float(max(request.cost, 1)) if request is not None else 1.0
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -105,9 +108,9 @@ class PrefixAffinityRouter(RequestRouter):
         # Back off between full passes over the ranking instead of re-probing at once.
         pending_request.routing_context.should_backoff = True
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        key = request_key(pending_request.kwargs)
+        key = request_key(pending_request.args)
         if key is not None:
-            order = self._ring.rank(key, self._loads, self._load_factor, request_weight(pending_request.kwargs),
+            order = self._ring.rank(key, self._loads, self._load_factor, request_weight(pending_request.args),
                                     self._min_load_tokens)
         else:
             order = self._ring.least_loaded(pending_request.metadata.internal_request_id, self._loads)
@@ -121,10 +124,10 @@ class PrefixAffinityRouter(RequestRouter):
     def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata=None) -> None:
         """Hand `replica` to the oldest unfulfilled request with the routed request's internal id.
 
-        Calls a replica fans out (the ingress's sub-requests) inherit their parent's internal request id, and
-        Ray's base router indexes pending requests by that id, one per id: the second sub-request could never
-        be matched and would wait forever. Searching the pending queue by id serves each of them; they share
-        the parent's prefix key, so affinity holds. (Private Ray API; Ray is pinned exactly in pyproject.)
+        Calls a replica fans out (a tei.v1 call of several queries makes one engine call per query) inherit
+        their parent's internal request id, and Ray's base router indexes pending requests by that id, one per
+        id: the second call could never be matched and would wait forever. Searching the pending queue by id
+        serves each of them. (Private Ray API; Ray is pinned exactly in pyproject.)
         """
         if request_metadata is None:
             return
@@ -140,13 +143,13 @@ class PrefixAffinityRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
         """Count the request's tokens against the replica until `on_request_completed`; export where its key went."""
-        key = request_key(pending_request.kwargs)
+        key = request_key(pending_request.args)
         owners = self._ring.walk(key)[:1] if key is not None else []
         if owners:
             self.metrics.routed(key, replica_id.unique_id, owners[0])
-        tokens = request_weight(pending_request.kwargs)
+        tokens = request_weight(pending_request.args)
         slot = (replica_id.unique_id, pending_request.metadata.internal_request_id)
-        self._outstanding.setdefault(slot, []).append(tokens)  # sub-requests of one parent share its id
+        self._outstanding.setdefault(slot, []).append(tokens)  # calls of one parent share its id
         self._loads[replica_id.unique_id] = self._loads.get(replica_id.unique_id, 0.0) + tokens
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:

@@ -7,7 +7,8 @@
 (rows, dimensions), row i the embedding of line i; texts travel `--batch-size` per Embed call. `rerank` reads one
 object per line with `query` and `documents` (and any other RerankRequest field) and writes one JSON object per
 line, the RerankResponse of that line (`to_dict`) with its `row`. Request options given on the command line
-(`--dimensions`, `--top-n`, ...) apply to every call; a line's own fields win for rerank.
+(`--dimensions`, `--top-n`, ...) apply to every call; a line's own fields win for rerank. Calls are sent with
+`priority` batch (`--priority interactive` to change it): the server runs them after interactive requests.
 
 Calls stream with at most `--concurrency` in flight, each retried by `ScoringClient` (UNAVAILABLE and
 RESOURCE_EXHAUSTED, jittered backoff, the server's retry hint, `--timeout` per call). Results are written in input
@@ -34,6 +35,7 @@ from typing import Any
 
 PART_SUFFIX = ".part"  # embed's rows written so far: raw float32, row after row
 META_SUFFIX = ".part.json"  # {"dimensions": D}: the width of those rows
+BATCH_PRIORITY = "batch"  # the class of every call a job makes, unless --priority says otherwise
 
 
 @dataclass
@@ -212,9 +214,11 @@ def _text(row: Any, index: int) -> str:
 
 
 def _options(args: argparse.Namespace, exclude: set[str]) -> dict[str, Any]:
-    """The request fields given on the command line, for every call."""
-    return {name: getattr(args, name) for name in args.fields
-            if name not in exclude and getattr(args, name) is not None}
+    """The request fields given on the command line, for every call; `priority` is batch unless given, so a job
+    never delays a server's interactive traffic by more than a batch."""
+    given = {name: getattr(args, name) for name in args.fields
+             if name not in exclude and getattr(args, name) is not None}
+    return {"priority": BATCH_PRIORITY, **given}
 
 
 def _complete_lines(path: Path) -> int:

@@ -10,12 +10,14 @@ the service's descriptor, so a task added to the proto is callable without editi
 the request message's fields as arguments (positionally in the proto's field order, which is the library's
 argument order, or by name; an argument left out or None leaves the field unset, so the server's default
 applies) and returns the response message (`to_dict` makes it plain). A call, retries included, has the deadline
-`timeout_s`; an attempt answered UNAVAILABLE (engine starting, replica restarting) or RESOURCE_EXHAUSTED
-(overload) is retried up to `retries` times after a pause of `backoff_s * 2**attempt` with equal jitter (between
-half and all of it, so clients refused together do not return together), or the server's hint (`retry-after-ms`
-in the trailing metadata: when the engine's queue should have room) when longer, unless the pause would pass the
-deadline. Any other error raises the `grpc.RpcError` at once: its `code()` and `details()` say what was wrong
-(INVALID_ARGUMENT names the field and the limit). The client sends what it is given; the server validates.
+`timeout_s`; an attempt answered UNAVAILABLE (engine starting, replica restarting) or RESOURCE_EXHAUSTED with
+the server's retry hint (`retry-after-ms` in the trailing metadata: overload, and when the engine's queue should
+have room) is retried up to `retries` times after a pause of `backoff_s * 2**attempt` with equal jitter (between
+half and all of it, so clients refused together do not return together), or the hint when longer, unless the
+pause would pass the deadline. RESOURCE_EXHAUSTED without the hint (a message over the server's
+max_request_bytes) and any other error raise the `grpc.RpcError` at once: retrying cannot help, and its `code()`
+and `details()` say what was wrong (INVALID_ARGUMENT names the field and the limit). The client sends what it is
+given; the server validates.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from google.protobuf.message import Message
 
 from radixserve.v1 import scoring_pb2 as pb
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
 RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a refusal: when the engine expects room (the ingress sets it)
 # gRPC clients accept 4 MiB replies by default; 1024 embeddings of 4096 float32 are 16 MiB.
@@ -78,19 +79,26 @@ class ScoringClient:
             try:
                 return stub(request, timeout=max(deadline - time.monotonic(), 0.001), metadata=self._metadata)
             except grpc.RpcError as err:
-                pause = max(self.backoff_s * 2 ** attempt * random.uniform(0.5, 1.0), retry_after_s(err))
-                if err.code() not in RETRYABLE or attempt >= self.retries or time.monotonic() + pause >= deadline:
+                pause = max(self.backoff_s * 2 ** attempt * random.uniform(0.5, 1.0), retry_after_s(err) or 0.0)
+                if not retryable(err) or attempt >= self.retries or time.monotonic() + pause >= deadline:
                     raise
             time.sleep(pause)
 
 
-def retry_after_s(err: grpc.RpcError) -> float:
-    """The server's retry hint (trailing metadata `retry-after-ms`, sent with RESOURCE_EXHAUSTED), else 0."""
-    metadata = dict(err.trailing_metadata() or ())
+def retryable(err: grpc.RpcError) -> bool:
+    """UNAVAILABLE, or RESOURCE_EXHAUSTED with the server's retry hint (without one, retrying cannot help)."""
+    code = err.code()
+    return code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                                                   and retry_after_s(err) is not None)
+
+
+def retry_after_s(err: grpc.RpcError) -> float | None:
+    """The server's retry hint (trailing metadata `retry-after-ms`, sent with an overload refusal), else None."""
+    value = dict(err.trailing_metadata() or ()).get(RETRY_AFTER_KEY)
     try:
-        return float(metadata.get(RETRY_AFTER_KEY, 0)) / 1000
+        return None if value is None else max(float(value), 0.0) / 1000
     except ValueError:
-        return 0.0
+        return None
 
 
 def request_message(method: MethodDescriptor, args: tuple, kwargs: dict[str, Any]) -> Message:

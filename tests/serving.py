@@ -34,13 +34,14 @@ class GrpcDeployment:
         self.base, self.configs, self.probe, self.keyed = base, configs, probe, keyed
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.http_port = free_port()
         self.channel = grpc.insecure_channel(self.address)
         self.current = None
 
     def start(self, start_local_ray: Callable[[], None]) -> None:
         start_local_ray()
         serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
-                    http_options={"host": "127.0.0.1", "port": free_port()})
+                    http_options={"host": "127.0.0.1", "port": self.http_port})
 
     def use(self, name: str) -> GrpcDeployment:
         if name != self.current:

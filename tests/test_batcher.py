@@ -24,9 +24,16 @@ class Recorder:
         return [item.upper() for item in items]
 
 
+async def one(batcher, item, num_tokens, key=None, **options):
+    """The result of a request of one part."""
+    (result,) = await batcher.submit([item], [num_tokens], prefix_key=key, **options)
+    return result
+
+
 async def submit_all(batcher, requests):
-    """Submit `(item, tokens, key)` in order, all before the batcher's loop first runs; gather the results."""
-    tasks = [asyncio.create_task(batcher.submit(item, n, key)) for item, n, key in requests]
+    """Submit one-part requests `(item, tokens, key)` in order, all before the batcher's loop first runs; gather the
+    results."""
+    tasks = [asyncio.create_task(one(batcher, item, n, key)) for item, n, key in requests]
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
@@ -46,7 +53,7 @@ def test_partial_batch_closes_after_the_timeout():
     async def main():
         rec = Recorder()
         batcher = TokenBudgetBatcher(rec, max_batch_tokens=1000, wait_timeout_s=0.05)
-        assert await batcher.submit("only", 5, "k") == "ONLY"
+        assert await one(batcher, "only", 5, "k") == "ONLY"
         assert rec.batches == [["only"]]
         (stats,) = batcher.stats.recent
         assert stats.queue_s >= 0.045 and stats.num_tokens == 5 and stats.ok
@@ -94,7 +101,7 @@ def test_a_failing_batch_fails_only_its_own_requests():
         results = await submit_all(batcher, [("x", 2, "K"), ("bad", 2, "K"), ("y", 2, "L"), ("z", 2, "L")])
         assert isinstance(results[0], RuntimeError) and isinstance(results[1], RuntimeError)
         assert results[2:] == ["Y", "Z"]
-        assert await batcher.submit("later", 1) == "LATER"  # still serving
+        assert await one(batcher, "later", 1) == "LATER"  # still serving
         assert batcher.stats.num_failed_batches == 1 and batcher.stats.num_batches == 3
         await batcher.close()
 
@@ -139,12 +146,12 @@ def test_next_batch_is_prepared_while_the_current_one_runs():
             return items
 
         batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0, prepare=prepare)
-        first = asyncio.create_task(batcher.submit("k0", 1))
+        first = asyncio.create_task(one(batcher, "k0", 1))
         await running.wait()  # batch 0 is on the device, held there
-        second = asyncio.create_task(batcher.submit("k1", 1))
+        second = asyncio.create_task(one(batcher, "k1", 1))
         await batch_prepared[1].wait()  # batch 1 was built while batch 0 still runs
         assert not first.done() and running.is_set()
-        third = asyncio.create_task(batcher.submit("k2", 1))
+        third = asyncio.create_task(one(batcher, "k2", 1))
         for _ in range(20):  # plenty of loop turns: batch 2 must not be built while batch 1 waits
             await asyncio.sleep(0)
         assert not batch_prepared[2].is_set() and batcher.queued_items == 1
@@ -157,31 +164,46 @@ def test_next_batch_is_prepared_while_the_current_one_runs():
     run(main())
 
 
-def test_queue_bound_raises_a_clear_error():
+def test_queue_bound_counts_work_and_refuses_a_request_whole():
     async def main():
         release = asyncio.Event()
+        rec = Recorder()
 
         async def run_batch(items):
             await release.wait()
-            return items
+            return await rec(items)
 
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0, max_queued_items=2,
-                                     max_queued_tokens=50)
-        with pytest.raises(QueueFullError, match="51 requested > max_queued_tokens=50"):
-            await batcher.submit("huge", 51)
-        tasks = [asyncio.create_task(batcher.submit(f"r{i}", 1)) for i in range(2)]
-        for _ in range(20):  # r0 runs (held), r1 is prepared and waits
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0, max_queued_tokens=50)
+        tasks = [asyncio.create_task(one(batcher, f"r{i}", 1)) for i in range(2)]
+        for _ in range(20):  # r0 runs (held), r1 is prepared and waits: nothing is queued
             await asyncio.sleep(0)
-        tasks += [asyncio.create_task(batcher.submit(f"q{i}", 1)) for i in range(2)]
+        # 60 parts of 10 tokens, priced 1 each (a shared prefix counted once): admitted though over the bound
+        big = asyncio.create_task(batcher.submit([f"b{i}" for i in range(60)], [10] * 60, [1] * 60))
         await asyncio.sleep(0)
-        assert batcher.queued_items == 2
-        with pytest.raises(QueueFullError, match="2 requests waiting .max_queued_items=2") as refused:
-            await batcher.submit("one-too-many", 1)
+        assert batcher.queued_items == 60 and batcher.queued_tokens == 600
+        with pytest.raises(QueueFullError, match="60 tokens of work queued . 2 for this request > max_queued_tokens=50"
+                           ) as refused:
+            await batcher.submit(["x", "y"], [1, 1])
+        assert batcher.queued_items == 60  # refused whole: none of its parts was queued
         assert refused.value.retry_after_s == 1.0  # no batch has run yet: no rate to estimate from
-        again = pickle.loads(pickle.dumps(refused.value))  # it crosses Ray processes
+        again = pickle.loads(pickle.dumps(refused.value))  # it is returned across Ray processes
         assert (str(again), again.retry_after_s) == (str(refused.value), 1.0)
         release.set()
-        assert await asyncio.gather(*tasks) == ["r0", "r1", "q0", "q1"]
+        assert await asyncio.gather(*tasks) == ["R0", "R1"]
+        assert await big == [f"B{i}" for i in range(60)]
+        await batcher.close()
+
+    run(main())
+
+
+def test_a_request_larger_than_every_bound_runs_on_an_idle_replica():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=4, wait_timeout_s=0.0, max_queued_tokens=5,
+                                     max_queue_wait_s=0.001)
+        assert await one(batcher, "warm", 4) == "WARM"  # a rate, so the wait bound is armed
+        assert await batcher.submit(list("abcdefgh"), [2] * 8) == list("ABCDEFGH")
+        assert rec.batches[1:] == [["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]]  # cut into budget batches
         await batcher.close()
 
     run(main())
@@ -191,7 +213,7 @@ def test_cancelled_request_leaves_the_queue():
     async def main():
         rec = Recorder()
         batcher = TokenBudgetBatcher(rec, max_batch_tokens=100, wait_timeout_s=5.0)
-        gone = asyncio.create_task(batcher.submit("gone", 7))
+        gone = asyncio.create_task(one(batcher, "gone", 7))
         await asyncio.sleep(0)
         assert batcher.queued_tokens == 7
         gone.cancel()
@@ -207,13 +229,13 @@ def test_cancelled_request_leaves_the_queue():
 def test_close_fails_waiting_requests_and_rejects_new_ones():
     async def main():
         batcher = TokenBudgetBatcher(Recorder(), max_batch_tokens=100, wait_timeout_s=5.0)
-        waiting = asyncio.create_task(batcher.submit("w", 1))
+        waiting = asyncio.create_task(one(batcher, "w", 1))
         await asyncio.sleep(0)
         await batcher.close()
         with pytest.raises(RuntimeError, match="closed before this request ran"):
             await waiting
         with pytest.raises(RuntimeError, match="batcher is closed"):
-            await batcher.submit("late", 1)
+            await one(batcher, "late", 1)
 
     run(main())
 
@@ -221,8 +243,13 @@ def test_close_fails_waiting_requests_and_rejects_new_ones():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="max_batch_tokens"):
         TokenBudgetBatcher(Recorder(), max_batch_tokens=0, wait_timeout_s=0.01)
-    with pytest.raises(ValueError, match="num_tokens must be >= 1"):
-        run(TokenBudgetBatcher(Recorder(), max_batch_tokens=8, wait_timeout_s=0.01).submit("x", 0))
+    batcher = TokenBudgetBatcher(Recorder(), max_batch_tokens=8, wait_timeout_s=0.01)
+    with pytest.raises(ValueError, match="token counts and costs must be >= 1"):
+        run(batcher.submit(["x"], [0]))
+    with pytest.raises(ValueError, match="got 0 items"):
+        run(batcher.submit([], []))
+    with pytest.raises(ValueError, match="got 2 items, 1 counts"):
+        run(batcher.submit(["x", "y"], [1]))
 
 
 def test_the_retry_hint_is_the_queue_drain_time_at_the_recent_rate():
@@ -232,15 +259,15 @@ def test_the_retry_hint_is_the_queue_drain_time_at_the_recent_rate():
             return items
 
         batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queued_tokens=150)
-        assert await batcher.submit("warm", 100) == "warm"  # 100 tokens in about 0.05 s of forward
-        rate = batcher.stats.tokens_per_second()
+        assert await one(batcher, "warm", 100) == "warm"  # 100 tokens in about 0.05 s of forward
+        rate = batcher.stats.work_per_second()
         held = []
         for i in range(3):  # one runs, one waits for the device, one is queued
-            held.append(asyncio.create_task(batcher.submit(f"r{i}", 100)))
+            held.append(asyncio.create_task(one(batcher, f"r{i}", 100)))
             await asyncio.sleep(0.005)
         assert batcher.queued_tokens == 100
         with pytest.raises(QueueFullError) as refused:
-            await batcher.submit("over", 100)
+            await one(batcher, "over", 100)
         assert refused.value.retry_after_s == pytest.approx(300 / rate)  # running, prepared and queued
         assert f"retry in about {refused.value.retry_after_s:.1f} s" in str(refused.value)
         await asyncio.gather(*held)
@@ -255,18 +282,108 @@ def test_work_ahead_beyond_the_wait_bound_is_refused_with_the_time_until_it_fits
             await asyncio.sleep(0.1)
             return items
 
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queue_wait_s=0.15)
-        assert await batcher.submit("warm", 100) == "warm"  # about 1000 tokens/s from now on
-        rate = batcher.stats.tokens_per_second()
-        held = [asyncio.create_task(batcher.submit("running", 100))]
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queue_wait_s=0.25)
+        assert await one(batcher, "warm", 100) == "warm"  # about 1000 tokens/s from now on
+        rate = batcher.stats.work_per_second()
+        held = [asyncio.create_task(one(batcher, "running", 100))]
         await asyncio.sleep(0.01)
-        held.append(asyncio.create_task(batcher.submit("second", 100)))  # 0.1 s ahead of it: accepted
+        held.append(asyncio.create_task(one(batcher, "prepared", 100)))  # waits for the device
         await asyncio.sleep(0.01)
-        with pytest.raises(QueueFullError, match="max_queue_wait_s=0.15") as refused:
-            await batcher.submit("third", 100)  # 0.2 s ahead
-        assert refused.value.retry_after_s == pytest.approx(200 / rate - 0.15)
-        assert await asyncio.gather(*held) == ["running", "second"]
-        assert await batcher.submit("after", 100) == "after"  # nothing ahead any more
+        held.append(asyncio.create_task(one(batcher, "queued", 100)))  # nothing queued: admitted, 0.2 s ahead
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError, match="max_queue_wait_s=0.25") as refused:
+            await one(batcher, "fourth", 100)  # 0.3 s ahead
+        assert refused.value.retry_after_s == pytest.approx(300 / rate - 0.25)
+        assert await asyncio.gather(*held) == ["running", "prepared", "queued"]
+        assert await one(batcher, "after", 100) == "after"  # nothing ahead any more
+        await batcher.close()
+
+    run(main())
+
+
+def test_cancelling_a_request_removes_all_its_parts_and_its_prepared_batch_does_not_run():
+    async def main():
+        release = asyncio.Event()
+        rec = Recorder()
+
+        async def run_batch(items):
+            await release.wait()
+            return await rec(items)
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=2, wait_timeout_s=0.0)
+        running = asyncio.create_task(one(batcher, "first", 2))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        big = asyncio.create_task(batcher.submit([f"b{i}" for i in range(6)], [1] * 6, prefix_key="K"))
+        small = asyncio.create_task(one(batcher, "small", 1, "K"))  # shares big's prepared batch
+        for _ in range(20):  # b0, b1 prepared and waiting for the device, the rest queued
+            await asyncio.sleep(0)
+        assert batcher.queued_items == 5
+        big.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await big
+        assert batcher.queued_items == 1  # only small's part is left
+        release.set()
+        assert await running == "FIRST" and await small == "SMALL"
+        assert rec.batches == [["first"], ["small"]]  # the prepared batch of b0, b1 never ran
+        await batcher.close()
+
+    run(main())
+
+
+def test_a_failed_part_drops_the_rest_of_its_request():
+    async def main():
+        rec = Recorder()
+
+        async def run_batch(items):
+            if "bad" in items:
+                raise RuntimeError("device error")
+            return await rec(items)
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0)
+        with pytest.raises(RuntimeError, match="device error"):
+            await batcher.submit(["bad", "x", "y", "z"], [1] * 4)
+        assert batcher.queued_items == 0
+        assert await one(batcher, "next", 1) == "NEXT"
+        assert ["y"] not in rec.batches and ["z"] not in rec.batches  # at most the prepared part ran
+        await batcher.close()
+
+    run(main())
+
+
+def test_interactive_parts_go_first_and_batch_work_is_put_back_for_them():
+    async def main():
+        release = asyncio.Event()
+        rec = Recorder()
+
+        async def run_batch(items):
+            await release.wait()
+            return await rec(items)
+
+        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=2, wait_timeout_s=0.0)
+        bulk = asyncio.create_task(batcher.submit([f"b{i}" for i in range(4)], [1] * 4, priority=1))
+        for _ in range(20):  # b0, b1 on the device (held), b2, b3 prepared
+            await asyncio.sleep(0)
+        urgent = asyncio.create_task(batcher.submit(["u0", "u1"], [1, 1]))
+        await asyncio.sleep(0)
+        release.set()
+        assert await urgent == ["U0", "U1"] and await bulk == ["B0", "B1", "B2", "B3"]
+        # the prepared bulk batch was put back: interactive work waited only for the batch on the device
+        assert rec.batches == [["b0", "b1"], ["u0", "u1"], ["b2", "b3"]]
+        await batcher.close()
+
+    run(main())
+
+
+def test_batch_priority_ages_into_interactive():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=2, wait_timeout_s=0.05, aging_s=0.02)
+        bulk = asyncio.create_task(batcher.submit(["old"], [2], priority=1))
+        await asyncio.sleep(0.03)  # older than aging_s: it now counts as interactive
+        fresh = asyncio.create_task(batcher.submit(["new"], [2]))
+        assert await bulk == ["OLD"] and await fresh == ["NEW"]
+        assert rec.batches == [["old"], ["new"]]  # arrival order among equals: not starved
         await batcher.close()
 
     run(main())

@@ -58,7 +58,7 @@ def test_unknown_keys_are_named_with_a_suggestion():
     ({"max_request_tokens": 20000, "max_batch_tokens": 16384},
      r"max_request_tokens \(20000\) must be <= max_batch_tokens \(16384\)"),
     ({"max_tokens_per_item": 9000, "max_request_tokens": 8192},
-     "an item cannot be split across sub-requests"),
+     "an item cannot be split across parts"),
     ({"api_keys_env": "sk-live-1234"}, "must name an environment variable"),
 ])
 def test_invalid_values_say_what_is_wrong(args, message):

@@ -16,7 +16,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from deployments.auth import load_api_keys
 from deployments.batcher import QueueFullError
-from deployments.grpc_codec import SERVICE, from_pb, info_to_pb, to_pb
+from deployments.grpc_codec import SERVER_FIELDS, SERVICE, from_pb, info_to_pb, to_pb
 from deployments.grpc_status import status_of
 from radix_core import Engine
 from radix_core.tasks import (
@@ -35,8 +35,9 @@ USAGE = Usage(input_tokens=40, computed_tokens=25)
 def test_request_fields_are_the_library_arguments_in_order(task):
     params = inspect.signature(getattr(Engine, task.name)).parameters
     fields = SERVICE.methods_by_name[task.rpc].input_type.fields
-    assert [f.name for f in fields] == [p for p in params if p != "self"]  # the client passes them positionally
-    for field in fields:  # an argument with a None default must be `optional` in the proto
+    # the client passes them positionally; the server's own fields come last
+    assert [f.name for f in fields] == [p for p in params if p != "self"] + list(SERVER_FIELDS)
+    for field in fields[:len(fields) - len(SERVER_FIELDS)]:  # a None default must be `optional` in the proto
         if params[field.name].default is None:
             assert field.has_presence, f"{task.name}.{field.name} defaults to None: declare it optional"
 
@@ -176,16 +177,18 @@ class ScriptedServer:
 
 
 @pytest.mark.timeout(30)
-def test_client_retries_only_unavailable_and_resource_exhausted():
-    with ScriptedServer(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED) as server:
+def test_client_retries_unavailable_and_hinted_resource_exhausted_only():
+    with ScriptedServer(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        trailing=(("retry-after-ms", "1"),)) as server:
         with ScoringClient(server.address, retries=3, backoff_s=0.001) as client:
             info = to_dict(client.info())
         assert server.attempts == 3 and info["model"] == "m" and info["limits"]["max_request_bytes"] == 5
-    with ScriptedServer(grpc.StatusCode.INVALID_ARGUMENT) as server:
-        with ScoringClient(server.address, retries=3, backoff_s=0.001) as client:
-            with pytest.raises(grpc.RpcError) as caught:
-                client.info()
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and server.attempts == 1
+    for code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):  # the latter without a hint:
+        with ScriptedServer(code) as server:  # a message over max_request_bytes never fits, however often sent
+            with ScoringClient(server.address, retries=3, backoff_s=0.001) as client:
+                with pytest.raises(grpc.RpcError) as caught:
+                    client.info()
+            assert caught.value.code() == code and server.attempts == 1
 
 
 def test_client_methods_take_fields_positionally_and_by_name():

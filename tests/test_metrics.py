@@ -15,6 +15,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve.request_router import PendingRequest
 
 from deployments.batcher import BatchStats, TokenBudgetBatcher
+from deployments.engine_request import EngineRequest
 from deployments.hash_ring import HashRing
 from deployments.metrics import IngressMetrics, KeyWindow, count_usage
 from deployments.router import PrefixAffinityRouter
@@ -48,11 +49,12 @@ def test_batcher_reports_queue_depth_and_each_batch_with_its_request_ids():
     async def main():
         batcher = TokenBudgetBatcher(run, max_batch_tokens=100, wait_timeout_s=0.05, observer=recorder)
         CALLER.set("first caller")
-        results = await asyncio.gather(*(batcher.submit(i, 30, "k", request_id=f"req-{i % 2}") for i in range(3)))
+        results = await asyncio.gather(*(batcher.submit([i], [30], prefix_key="k", request_id=f"req-{i % 2}")
+                                         for i in range(3)))
         await batcher.close()
         return results
 
-    assert asyncio.run(main()) == [0, 1, 2]
+    assert asyncio.run(main()) == [[0], [1], [2]]
     assert recorder.queue[:3] == [(1, 30), (2, 60), (3, 90)]  # at every submit
     assert recorder.queue[3] == (0, 0)  # the batch took all three
     (stats,) = recorder.batches
@@ -70,8 +72,8 @@ def test_a_failed_batch_is_logged_once_naming_its_requests(caplog):
 
     async def main():
         batcher = TokenBudgetBatcher(run, max_batch_tokens=100, wait_timeout_s=0.01, observer=recorder)
-        results = await asyncio.gather(batcher.submit("a", 10, request_id="slow-1"),
-                                       batcher.submit("b", 10, request_id="slow-2"), return_exceptions=True)
+        results = await asyncio.gather(batcher.submit(["a"], [10], request_id="slow-1"),
+                                       batcher.submit(["b"], [10], request_id="slow-2"), return_exceptions=True)
         await batcher.close()
         return results
 
@@ -114,7 +116,7 @@ def test_router_counts_spills_off_the_first_replica():
         spills = []
         router.metrics.spills.inc = lambda value=1.0, tags=None: spills.append(value)  # a spy on the counter
         for i, replica in enumerate([owner, other, owner]):
-            request = PendingRequest(args=[], kwargs={"prefix_key": "key", "num_tokens": 10},
+            request = PendingRequest(args=[EngineRequest((), "key", 10)], kwargs={},
                                      metadata=RequestMetadata(request_id=f"r{i}", internal_request_id=f"r{i}"))
             router.on_request_routed(request, ReplicaID(replica, deployment), None)
         assert spills == [1.0]

@@ -11,6 +11,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest
 
+from deployments.engine_request import EngineRequest
 from deployments.hash_ring import HashRing
 from deployments.router import PrefixAffinityRouter
 
@@ -38,9 +39,11 @@ def make_router(replicas, **kwargs) -> PrefixAffinityRouter:
     return router
 
 
-def pending(key=None, num_tokens=None, request_id="r") -> PendingRequest:
-    kwargs = {k: v for k, v in (("prefix_key", key), ("num_tokens", num_tokens)) if v is not None}
-    return PendingRequest(args=["payload"], kwargs=kwargs,
+def pending(key=None, cost=None, request_id="r") -> PendingRequest:
+    """A routed call carrying an `EngineRequest` with `key` and `cost` (1 when None); with neither, a call that
+    carries none."""
+    args = ["payload"] if key is None and cost is None else [EngineRequest((), key, 1 if cost is None else cost)]
+    return PendingRequest(args=args, kwargs={},
                           metadata=RequestMetadata(request_id=request_id, internal_request_id=request_id))
 
 
@@ -87,7 +90,7 @@ def test_keyless_requests_go_least_loaded():
         router.on_request_routed(pending(None, 50, "a"), ReplicaID("rep0", DEPLOYMENT), None)
         router.on_request_routed(pending(None, 20, "b"), ReplicaID("rep1", DEPLOYMENT), None)
         assert await ranked_ids(router, pending(request_id="c")) == ["rep2", "rep1", "rep0"]
-        # without num_tokens a request weighs one token
+        # a call without an EngineRequest weighs one token
         router.on_request_routed(pending(None, None, "d"), ReplicaID("rep2", DEPLOYMENT), None)
         assert router.loads["rep2"] == 1.0
 
@@ -133,7 +136,7 @@ PER_KEY = 20
 def affinity_app(fan_out: bool = False):
     """Three replicas whose `score` answers with the replica it ran on, routed by PrefixAffinityRouter; with
     `fan_out`, behind a parent deployment that sends each call on as PER_KEY concurrent calls (as the ingress
-    sends sub-requests, which inherit the parent's internal request id).
+    does for a tei.v1 call of several queries; they inherit the parent's internal request id).
 
     Defined in a function so cloudpickle ships it by value (replica workers cannot import the test module).
     """
@@ -145,7 +148,7 @@ def affinity_app(fan_out: bool = False):
             # a burst of PER_KEY requests x 2 tokens stays under min_load_tokens, so it never spills
             request_router_kwargs={**ROUTER_KWARGS, "min_load_tokens": 1000}))
     class WhoAmI:
-        async def score(self, payload, *, prefix_key=None, num_tokens=1):
+        async def score(self, request: EngineRequest):
             return serve.get_replica_context().replica_id.unique_id
 
     @serve.deployment(name="parent", ray_actor_options={"num_cpus": 0})
@@ -154,7 +157,7 @@ def affinity_app(fan_out: bool = False):
             self.engine = engine
 
         async def score(self, key):
-            calls = [self.engine.score.remote({"n": i}, prefix_key=key, num_tokens=2) for i in range(PER_KEY)]
+            calls = [self.engine.score.remote(EngineRequest((), key, 2)) for _ in range(PER_KEY)]
             return await asyncio.gather(*calls)
 
     return FanOut.bind(WhoAmI.bind()) if fan_out else WhoAmI.bind()
@@ -164,7 +167,7 @@ def replicas_per_key(handle) -> dict[str, Counter]:
     """Send PER_KEY concurrent requests per key (keys one after another); count where each key's requests ran."""
     seen = defaultdict(Counter)
     for key in KEYS:
-        responses = [handle.score.remote({"n": i}, prefix_key=key, num_tokens=2) for i in range(PER_KEY)]
+        responses = [handle.score.remote(EngineRequest((), key, 2)) for _ in range(PER_KEY)]
         seen[key].update(r.result(timeout_s=30) for r in responses)
     return seen
 

@@ -24,7 +24,7 @@ from deployments.http.dialect import Dialect
 from deployments.http.errors import PAYLOAD_TOO_LARGE, VALIDATION, ApiError, api_error
 from deployments.http.metering import Metered
 from deployments.http.registry import DEFAULT_DIALECT, DIALECTS
-from deployments.http.service import Scorer, Service
+from deployments.http.service import PriorityHeader, Scorer, Service
 from radixserve import __version__
 
 DESCRIPTION = ("Drop-in HTTP APIs of Cohere (rerank v1/v2, Jina's rerank on /v1/rerank), OpenAI (embeddings) and "
@@ -54,6 +54,7 @@ def build_app(scorer: Scorer) -> FastAPI:
     app.add_exception_handler(HTTPException, answer_error)
     app.add_exception_handler(Exception, answer_error)
     app.add_middleware(BodyLimit, limit=scorer.args.max_request_bytes)
+    app.add_middleware(PriorityHeader)
     app.add_middleware(Metered, metrics=scorer.metrics,
                        dialect_of=lambda path: owners.get(path, DEFAULT_DIALECT).name)
     return app

@@ -74,6 +74,12 @@ class TaskJob:
         return self.sequences.num_tokens
 
     @property
+    def work_tokens(self) -> int:
+        """Rows the engine computes for this job alone, at most: the shared prefix once, then each sequence's own
+        tokens after it (the price of its admission; sequences that share more than the prefix cost less)."""
+        return self.num_tokens - (len(self.sequences) - 1) * self.shared_len
+
+    @property
     def shared_ids(self) -> np.ndarray:
         """(shared_len,) int32 ids every sequence starts with."""
         return self.sequences.ids[:self.shared_len]

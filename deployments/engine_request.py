@@ -1,0 +1,58 @@
+"""`EngineRequest`: what the ingress sends the engine deployment for one client request, in one handle call.
+
+    reply = await engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority))
+
+One call per client request, whatever its size: the replica admits all of its parts or refuses all of them
+(`deployments.batcher`), its batcher cuts them into batches, and cancelling the call (the client went away, its
+deadline passed, a sibling call failed) removes every part still queued. The router reads the same object from
+the handle call (`PendingRequest.args[0]`) for the prefix key and the work it weighs.
+
+`Priority` is the request's class: `interactive` (the default) runs before `batch` (bulk ingest, offline jobs),
+which only fills what interactive work leaves of a batch until it has waited `batch_priority_aging_s`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radix_core.tasks import TaskJob
+
+PRIORITY_HEADER = "x-radixserve-priority"  # HTTP header or gRPC metadata: interactive | batch
+
+
+class Priority(enum.IntEnum):
+    """Lower runs first."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+    @classmethod
+    def parse(cls, value: str | None) -> Priority:
+        """`interactive` or `batch` (any case); None or "" is interactive. A ValueError names the choices."""
+        if not value:
+            return cls.INTERACTIVE
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            raise ValueError(f"priority must be 'interactive' or 'batch', got {value[:40]!r}") from None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A request's token-bounded parts (`Task.split`), all starting with the request's shared prefix.
+
+    `cost` is the work the device will do for it, in rows: each part's shared prefix once, then every sequence's
+    own tokens (`TaskJob.work_tokens`), so a 1000-document rerank of one query is not priced as 1000 copies of
+    the query. Admission and the router's load count it; the batch budget counts the parts' input tokens."""
+
+    parts: tuple[TaskJob, ...]
+    prefix_key: str | None  # hash of the shared prefix's token ids; None: placed by load alone
+    cost: int
+    priority: Priority = Priority.INTERACTIVE
+
+    @classmethod
+    def of(cls, parts: Sequence[TaskJob], prefix_key: str | None,
+           priority: Priority = Priority.INTERACTIVE) -> EngineRequest:
+        return cls(tuple(parts), prefix_key, sum(part.work_tokens for part in parts), priority)

@@ -1,0 +1,173 @@
+"""A request is one unit, at the sizes the server advertises, on the default configuration (only the model is a
+small random-weight one): admitted whole, never refused for its size on an idle replica, never refused to a closed loop of
+clients, and cancelled whole when its client goes away (gRPC deadline or cancel, HTTP disconnect), so the next
+request does not wait behind work nobody will read. Documents are about 100 tokens, as in the issue that asked
+for this."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+from ray import serve
+from serving import GrpcDeployment
+
+from radix_core.tiny_models import CORPUS_PATH
+from radixserve.client import ScoringClient
+from radixserve.v1 import scoring_pb2 as pb
+from radixserve.v1.scoring_pb2_grpc import ScoringStub
+
+pytestmark = [pytest.mark.serve, pytest.mark.slow]
+MAX_ITEMS = 1024  # the default max_items_per_request
+SMALL = pb.RerankRequest(query="what is a radix tree", documents=["A trie is a prefix tree.", "Bread rises."])
+
+
+def documents(n: int, seed: int) -> list[str]:
+    """`n` documents of 50 corpus words (about 100 tokens each with the tiny tokenizer)."""
+    rng = random.Random(seed)
+    words = CORPUS_PATH.read_text().split()
+    return [" ".join(rng.choice(words) for _ in range(50)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model_dir, start_local_ray):
+    """The default configuration with the `small` preset: heavy enough that a 1000-document rerank takes seconds
+    on the device, so what an abandoned one leaves behind can be seen."""
+    model = str(tiny_model_dir("qwen3", "causal_lm", "small"))
+    served = GrpcDeployment(base={"model": model}, configs={"default": {}},
+                            probe=lambda channel: ScoringStub(channel).Info(pb.InfoRequest(), timeout=10))
+    try:
+        served.start(start_local_ray)
+        yield served.use("default")
+    finally:
+        served.stop()
+
+
+def ingress_info() -> dict:
+    return serve.get_app_handle("radixserve").info.remote().result(timeout_s=30)
+
+
+def parts_run_and_sent() -> tuple[int, int]:
+    """Parts the (one) engine replica has run, and parts the (one) ingress has sent it."""
+    info = ingress_info()
+    return info["batcher"]["num_items"], info["submitted_parts"]
+
+
+def small_latency(app) -> float:
+    began = time.perf_counter()
+    assert len(ScoringStub(app.channel).Rerank(SMALL, timeout=60).results) == 2
+    return time.perf_counter() - began
+
+
+@pytest.mark.timeout(300)
+def test_a_rerank_at_the_item_limit_succeeds_on_an_idle_server(app):
+    docs = documents(MAX_ITEMS, seed=1)
+    reply = ScoringStub(app.channel).Rerank(pb.RerankRequest(query="which page is about tries", documents=docs),
+                                            timeout=240)
+    assert sorted(hit.index for hit in reply.results) == list(range(MAX_ITEMS))
+    # the query and template are priced once: 1024 copies of them would be refused by a 64-batch bound
+    assert reply.usage.computed_tokens < reply.usage.input_tokens
+
+
+@pytest.mark.timeout(400)
+def test_closed_loop_clients_of_256_documents_are_never_refused(app):
+    """8 clients, each sending its next 256-document rerank when the last is answered, twice: every request waits
+    its turn; none is refused (the client does not retry, so a refusal would fail the call)."""
+    failures, answered = [], []
+
+    def client(k: int) -> None:
+        with ScoringClient(app.address, timeout_s=300, retries=0) as scoring:
+            for round_ in range(2):
+                try:
+                    reply = scoring.rerank(f"query {k} round {round_}", documents(256, seed=10 * k + round_))
+                    answered.append(len(reply.results))
+                except grpc.RpcError as err:
+                    failures.append(f"{err.code().name}: {err.details()}")
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=330)
+    assert not failures, failures
+    assert answered == [256] * 16
+
+
+def _grpc_deadline(app, request):
+    with pytest.raises(grpc.RpcError) as caught:
+        ScoringStub(app.channel).Rerank(request, timeout=1.0)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def _grpc_cancel(app, request):
+    call = ScoringStub(app.channel).Rerank.future(request, timeout=120)
+    time.sleep(1.0)
+    assert call.cancel()
+
+
+def _client_timeout(app, request):
+    with ScoringClient(app.address, timeout_s=1.0) as scoring, pytest.raises(grpc.RpcError) as caught:
+        scoring.rerank(request.query, list(request.documents))
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def _http_disconnect(app, request):
+    body = {"query": request.query, "documents": list(request.documents)}
+    with pytest.raises(httpx.TimeoutException):  # httpx closes the connection: the client is gone
+        httpx.post(f"http://127.0.0.1:{app.http_port}/v2/rerank", json=body, timeout=1.0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("leave", [_grpc_deadline, _grpc_cancel, _client_timeout, _http_disconnect],
+                         ids=["grpc-deadline", "grpc-cancel", "client-timeout", "http-disconnect"])
+def test_a_request_whose_client_went_away_leaves_the_replica(app, leave):
+    """A 1000-document rerank abandoned after 1 s: most of its parts never run, and a small request sent right
+    after answers within a few batch times instead of waiting for the whole abandoned request (about 7 s)."""
+    unloaded = min(small_latency(app) for _ in range(3))
+    ran_before, sent_before = parts_run_and_sent()
+    leave(app, pb.RerankRequest(query="an abandoned query", documents=documents(1000, seed=7)))
+    latency = small_latency(app)
+    time.sleep(2.0)  # whatever of the abandoned request still ran would have run by now
+    ran_after, sent_after = parts_run_and_sent()
+    abandoned_parts = sent_after - sent_before - 1
+    ran_abandoned = ran_after - ran_before - 1
+    assert abandoned_parts > 10
+    assert ran_abandoned < abandoned_parts / 2, (ran_abandoned, abandoned_parts)
+    assert latency < max(3.0, 10 * unloaded), (unloaded, latency)
+
+
+@pytest.mark.timeout(300)
+def test_a_request_whose_deadline_passes_while_it_waits_never_computes(app):
+    """A small request queued behind a 1000-document rerank with a 0.5 s deadline: DEADLINE_EXCEEDED, and its part
+    never runs (the replica runs exactly the big request's parts)."""
+    ran_before, sent_before = parts_run_and_sent()
+    big = ScoringStub(app.channel).Rerank.future(
+        pb.RerankRequest(query="the request ahead", documents=documents(1000, seed=3)), timeout=240)
+    time.sleep(0.5)  # the big request is queued and running
+    with pytest.raises(grpc.RpcError) as caught:
+        ScoringStub(app.channel).Rerank(SMALL, timeout=0.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(big.result().results) == 1000
+    ran_after, sent_after = parts_run_and_sent()
+    assert ran_after - ran_before == sent_after - sent_before - 1  # all of big's parts, not the small one's
+
+
+@pytest.mark.timeout(120)
+def test_priority_is_taken_from_the_field_the_metadata_and_the_header(app):
+    stub = ScoringStub(app.channel)
+    batch = pb.RerankRequest(query=SMALL.query, documents=SMALL.documents, priority="batch")
+    assert len(stub.Rerank(batch, timeout=60).results) == 2
+    assert len(stub.Rerank(SMALL, metadata=[("x-radixserve-priority", "batch")], timeout=60).results) == 2
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Rerank(pb.RerankRequest(query=SMALL.query, documents=SMALL.documents, priority="urgent"), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "priority must be 'interactive' or 'batch', got 'urgent'" in caught.value.details()
+    url = f"http://127.0.0.1:{app.http_port}/v2/rerank"
+    body = {"query": SMALL.query, "documents": list(SMALL.documents)}
+    assert httpx.post(url, json=body, headers={"x-radixserve-priority": "batch"}, timeout=60).status_code == 200
+    refused = httpx.post(url, json=body, headers={"x-radixserve-priority": "later"}, timeout=60)
+    assert refused.status_code == 422 and "priority must be" in refused.json()["message"]
