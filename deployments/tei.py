@@ -44,17 +44,29 @@ class Names:
 
 
 RERANK_NAMES = Names(((r"\bdocuments\b", "texts"), (r"\bdocument (\d+)", r"texts[\1]")))
-RERANK_STREAM_NAMES = Names(((r"\bdocuments\b", "messages"), (r"\bdocument (\d+)", r"message \1 of its query")))
+RERANK_STREAM_NAMES = Names(((r"\bdocuments\[(\d+)\]", r"message \1 of its query"), (r"\bdocuments\b", "messages"),
+                             (r"\bdocument (\d+)", r"message \1 of its query")))
 EMBED_NAMES = Names(((r"\btexts\b", "inputs"), (r"\btext (\d+)", r"inputs[\1]")))
 ONE_TEXT_EMBED_NAMES = Names(((r"\btexts\[0\]", "inputs"), (r"\btext 0\b", "inputs")))  # gRPC: one text a message
 ONE_TEXT_PREDICT_NAMES = Names(((r"\binputs\[0\]", "inputs"), (r"\binput 0\b", "inputs")))
-PAIR_NAMES = Names(((r"\bquery\b", "inputs text"), (r"\bdocuments\b", "inputs text_pair"),
-                    (r"\bdocument \d+", "inputs text_pair")))  # HTTP /predict pairs: one rerank per first text
 
 
 def predict_names(positions: Sequence[int]) -> Names:
-    """HTTP /predict's texts, sent as one predict request: its `input n` is `inputs[positions[n]]`."""
-    return Names(((r"\binput (\d+)", lambda match: f"inputs[{positions[int(match[1])]}]"),))
+    """HTTP /predict's texts, sent as one predict request: its `input n` and `inputs[n]` are
+    `inputs[positions[n]]`."""
+    def text(match: re.Match) -> str:
+        return f"inputs[{positions[int(match[1] or match[2])]}]"
+    return Names(((r"\binput (\d+)|\binputs\[(\d+)\]", text),))  # one pass: a renamed index is not renamed again
+
+
+def pair_names(positions: Sequence[int]) -> Names:
+    """HTTP /predict's [text, text_pair] pairs of one first text, sent as one rerank request: its query is the text
+    of `inputs[positions[0]]` (`inputs[p][0]`), its `document n` and `documents[n]` the text_pair of
+    `inputs[positions[n]]` (`inputs[p][1]`)."""
+    def text_pair(match: re.Match) -> str:
+        return f"inputs[{positions[int(match[1])]}][1]"
+    return Names(((r"\bquery\b", f"inputs[{positions[0]}][0]"), (r"\bdocument (\d+)", text_pair),
+                  (r"\bdocuments\[(\d+)\]", text_pair), (r"\bdocuments\b", "inputs")))
 
 
 def rerank_arguments(query: str, texts: list[str], raw_scores: bool, return_text: bool, truncate: bool | None,

@@ -36,7 +36,8 @@ An item's cost is bounded by the token limit: no token covers more than `_chars_
 longest vocabulary entry, checked on probes that a normalizer could collapse), so a text of more than
 `_chars_per_token * (limit + 1)` characters cannot fit. Such a text is cut to that many characters (on the side
 truncation cuts) before it is tokenized (truncation then proceeds as for any long text) or refused without
-tokenizing it whole; a text that fits is never cut. `max_item_tokens` bounds it the same way.
+tokenizing it whole; a text that fits is never cut. `max_item_tokens` bounds it the same way, and `encode_user`
+(the tokens of user texts alone, as TEI's /tokenize shows them) refuses such a text before tokenizing it.
 """
 
 from __future__ import annotations
@@ -351,11 +352,26 @@ class PromptTokenizer:
     def _only_marked_specials(self, text: _Marked) -> bool:
         return self._specials is None or {m.span() for m in self._specials.finditer(text.text)} <= set(text.specials)
 
-    def encode_user(self, texts: Sequence[str], add_special_tokens: bool, trust: bool = False) -> list[Encoding]:
+    def encode_user(self, texts: Sequence[str], add_special_tokens: bool, limit: int, what: str = "texts",
+                    trust: bool = False) -> list[Encoding]:
         """Encodings (ids, tokens, offsets) of user texts as the tasks encode them: special-token literals as plain
-        text unless `trust` (`special_tokens_in_user_text`); the tokenizer's own affixes with `add_special_tokens`."""
+        text unless `trust` (`special_tokens_in_user_text`); the tokenizer's own affixes with `add_special_tokens`.
+
+        Each text is bounded as a task's item is: more than `limit` tokens (affixes included) raises a ValueError
+        naming `what[i]` and the limit, and a text over the character bound of `limit` is refused by its length
+        before anything is tokenized, so a huge text costs no tokenizing."""
+        for i, text in enumerate(texts):
+            at_least = self._tokens_at_least(len(text), limit)
+            if at_least:
+                raise ValueError(f"{what}[{i}] has at least {at_least} tokens; the limit is {limit} per text: "
+                                 f"shorten it or split it")
         backend = self.tokenizer.backend_tokenizer if trust else self._plain
-        return backend.encode_batch(list(texts), add_special_tokens=add_special_tokens) if texts else []
+        encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens) if texts else []
+        for i, encoding in enumerate(encodings):
+            if len(encoding.ids) > limit:
+                raise ValueError(f"{what}[{i}] has {len(encoding.ids)} tokens; the limit is {limit} per text: "
+                                 f"shorten it or split it")
+        return encodings
 
     def _encode_plain(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of `texts` with special-token literals as plain text."""

@@ -130,7 +130,7 @@ BAD_INPUTS = {
     "empty-documents": ("Rerank", pb.RerankRequest(query=QUERY), "INVALID_ARGUMENT",
                         "documents is empty: give at least one"),
     "too-many-documents": ("Rerank", pb.RerankRequest(query=QUERY, documents=["d"] * (MAX_ITEMS + 1)),
-                           "INVALID_ARGUMENT", f"{MAX_ITEMS + 1} documents is more than the limit of {MAX_ITEMS}"),
+                           "INVALID_ARGUMENT", f"{MAX_ITEMS + 1} documents are more than the limit of {MAX_ITEMS}"),
     "top-n-zero": ("Rerank", pb.RerankRequest(query=QUERY, documents=DOCS, top_n=0), "INVALID_ARGUMENT",
                    "top_n must be at least 1, got 0"),
     "empty-query": ("Rerank", pb.RerankRequest(query="", documents=DOCS), "INVALID_ARGUMENT", "query is empty"),

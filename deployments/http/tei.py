@@ -15,9 +15,11 @@ library's arguments in `deployments.tei`, shared with the gRPC API.
 `/predict` classifies each text with the predict task (the model's sequence-classification labels, best first) and
 scores each [text, text_pair] pair with the rerank task (the pairs of one text are one request, so they share its
 prefix): a cross-encoder's single logit (sigmoid unless raw_scores) or a causal-LM reranker's P(yes), labelled with
-the score head's one label (else "relevance"). `prompt_name` is refused with 422 (no named prompts; send an
-`instruction` through radixserve.v1 instead). `truncate` defaults to false, as in TEI: a text over the per-item
-limit is a 422. Errors are TEI's `{"error", "error_type"}`.
+the score head's one label (else "relevance"). Its texts and pairs together are at most `max_client_batch_size`
+(`max_items_per_request`), as are `/tokenize`'s inputs; `/tokenize` has no truncate, as in TEI, so an input over
+`max_input_length` tokens is a 422 naming it and the limit. `prompt_name` is refused with 422 (no named prompts;
+send an `instruction` through radixserve.v1 instead). `truncate` defaults to false, as in TEI: a text over the
+per-item limit is a 422. Errors are TEI's `{"error", "error_type"}`.
 """
 
 from __future__ import annotations
@@ -33,9 +35,8 @@ from deployments import tei as tei_fields
 from deployments.http.dialect import Dialect
 from deployments.http.errors import UNHEALTHY, VALIDATION, ApiError, ErrorKind
 from deployments.http.service import Service
-from radix_core.tasks import PredictResult, RerankResult, Usage
-from radix_core.tasks.base import check_items
-from radix_core.tokenization import PromptTokenizer
+from radix_core.tasks import PredictResult, RerankResult, TaskContext, Usage
+from radix_core.tasks.base import check_count, check_items
 
 HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers within this
 
@@ -137,7 +138,7 @@ class TeiDialect(Dialect):
                      summary="TEI predict: texts by the model's labels, [text, text_pair] pairs by the reranker",
                      **keyed)
         async def predict(body: PredictRequest):
-            single, items = _predict_inputs(body.inputs)
+            single, items = _predict_inputs(body.inputs, service.scorer.context.config.max_items)
             rows, usage = await _predict(service, items, body)
             return await service.respond(lambda: rows[0] if single else rows, usage=usage)
 
@@ -145,13 +146,11 @@ class TeiDialect(Dialect):
         async def tokenize(body: TokenizeRequest):
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
             try:
-                tei_fields.check_prompt_name(body.prompt_name)
-                check_items("inputs", texts, service.scorer.context.config.max_items)
+                tokens = await asyncio.to_thread(_tokens, service.scorer.context, texts, body.add_special_tokens,
+                                                 body.prompt_name)
             except ValueError as err:
                 raise ApiError(VALIDATION, str(err)) from None
-            context = service.scorer.context
-            return await service.respond(_tokens, context.prompt_tokenizer(), texts, body.add_special_tokens,
-                                         context.config.special_tokens_in_user_text)
+            return await service.respond(lambda: tokens)
 
         @router.get("/info", response_model=Info, summary="TEI info: the model, its type and limits")
         async def info():
@@ -187,15 +186,20 @@ def _ranks(result: RerankResult) -> list[dict[str, Any]]:
             for hit in result.results]
 
 
-def _predict_inputs(inputs: str | list) -> tuple[bool, list[str | tuple[str, str]]]:
+def _predict_inputs(inputs: str | list, max_items: int) -> tuple[bool, list[str | tuple[str, str]]]:
     """(whether one input was sent, the texts and [text, text_pair] pairs). As in TEI, a list of two strings is
-    one pair."""
+    one pair. Texts and pairs together are at most `max_items`: the pairs of each first text are a rerank call
+    of their own, so the calls' item limits alone would let many distinct first texts through."""
     if isinstance(inputs, str) or (len(inputs) == 2 and all(isinstance(x, str) for x in inputs)):
         single, items = True, [inputs]
     else:
         single, items = False, inputs
     if not items:
         raise ApiError(VALIDATION, "inputs is empty: give at least one text or [text, text_pair] pair")
+    try:
+        check_count("inputs", len(items), max_items)
+    except ValueError as err:
+        raise ApiError(VALIDATION, str(err)) from None
     for i, item in enumerate(items):
         if not isinstance(item, str) and len(item) != 2:
             raise ApiError(VALIDATION, f"inputs[{i}] has {len(item)} texts: give a text or a [text, text_pair] pair")
@@ -214,7 +218,7 @@ async def _predict(service: Service, items: Sequence[str | tuple[str, str]],
     calls = [service.run("rerank", tei_fields.rerank_arguments(query, [items[i][1] for i in indices],
                                                                body.raw_scores, False, body.truncate,
                                                                body.truncation_direction),
-                         rename=tei_fields.PAIR_NAMES.rename) for query, indices in by_query.items()]
+                         rename=tei_fields.pair_names(indices).rename) for query, indices in by_query.items()]
     if texts:
         arguments = tei_fields.predict_arguments([items[i] for i in texts], body.raw_scores, body.truncate,
                                                  body.truncation_direction)
@@ -232,12 +236,19 @@ async def _predict(service: Service, items: Sequence[str | tuple[str, str]],
     return rows, Usage.total([result.usage for result in results])
 
 
-def _tokens(prompts: PromptTokenizer, texts: list[str], add_special_tokens: bool,
-            trust: bool) -> list[list[dict[str, Any]]]:
-    """Each text's tokens as the tasks encode user text (special-token literals plain unless `trust`)."""
+def _tokens(context: TaskContext, texts: list[str], add_special_tokens: bool,
+            prompt_name: str | None) -> list[list[dict[str, Any]]]:
+    """Each text's tokens as the tasks encode user text (special-token literals plain unless the config trusts
+    them), bounded as the tasks bound their items: at most max_items texts of at most the per-item token limit
+    (a ValueError names the text and the limit)."""
+    tei_fields.check_prompt_name(prompt_name)
+    check_items("inputs", texts, context.config.max_items)
+    prompts = context.prompt_tokenizer()
+    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, what="inputs",
+                                    trust=context.config.special_tokens_in_user_text)
     special = set(prompts.tokenizer.all_special_ids)
     out = []
-    for text, encoding in zip(texts, prompts.encode_user(texts, add_special_tokens, trust)):
+    for text, encoding in zip(texts, encodings):
         out.append([{"id": i, "text": piece if i in special else text[start:stop], "special": i in special,
                      "start": None if i in special else start, "stop": None if i in special else stop}
                     for i, piece, (start, stop) in zip(encoding.ids, encoding.tokens, encoding.offsets)])

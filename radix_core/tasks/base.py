@@ -15,6 +15,7 @@ A job holds token ids (`TokenSequences`), never text the engine would tokenize a
 from __future__ import annotations
 
 import inspect
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +28,8 @@ from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
     from radix_core.tasks.view import BatchView
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # code points that are halves of UTF-16 pairs, never characters
 
 
 @dataclass(frozen=True)
@@ -163,22 +166,52 @@ def _chunks(costs: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
 
 
 def check_text(what: str, text: str) -> None:
-    """A required text: a non-empty str."""
+    """A required text: a non-empty str of valid Unicode."""
     if not isinstance(text, str):
         raise ValueError(f"{what} must be a string, got {type(text).__name__}")
     if not text:
         raise ValueError(f"{what} is empty")
+    check_unicode(what, text)
+
+
+def check_optional_text(what: str, text: str | None) -> None:
+    """An optional text (an instruction, a classify prefix): None, or a str of valid Unicode; empty is a value."""
+    if text is None:
+        return
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+    check_unicode(what, text)
+
+
+def check_unicode(what: str, text: str) -> None:
+    """Text the tokenizer can encode: no lone surrogate. JSON's `"\\ud800"` escape decodes to one (a valid pair of
+    escapes decodes to its character), but a surrogate alone is no character and has no UTF-8 encoding."""
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate U+{ord(bad[0]):04X} at character "
+                         f"{bad.start()}; send UTF-8 text (in JSON, a \\u escape of a surrogate must be half of a "
+                         f"high-low pair)")
+
+
+def check_count(what: str, count: int, max_items: int) -> None:
+    """At most `max_items` items of `what` in one call."""
+    if count > max_items:
+        raise ValueError(f"{count} {what} are more than the limit of {max_items} per call: split the request or "
+                         f"raise max_items in the task config")
 
 
 def check_items(what: str, items: Sequence[str], max_items: int) -> None:
-    """A list of strings with 1..max_items entries (a bare string is refused, not split into characters)."""
+    """A list of 1..max_items non-empty strings of valid Unicode (a bare string is refused, not split into
+    characters). Every task refuses an empty item: it has nothing to score or embed, and a model kind's prompt
+    would make of it what another's does not (a tokenizer drops an empty text_pair)."""
     if isinstance(items, str) or not isinstance(items, Sequence):
         raise ValueError(f"{what} must be a list of strings, got {type(items).__name__}")
     if not items:
         raise ValueError(f"{what} is empty: give at least one")
-    if len(items) > max_items:
-        raise ValueError(f"{len(items)} {what} is more than the limit of {max_items} per call: split the request "
-                         f"or raise max_items in the task config")
-    bad = next((i for i, item in enumerate(items) if not isinstance(item, str)), None)
-    if bad is not None:
-        raise ValueError(f"{what}[{bad}] must be a string, got {type(items[bad]).__name__}")
+    check_count(what, len(items), max_items)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ValueError(f"{what}[{i}] must be a string, got {type(item).__name__}")
+        if not item:
+            raise ValueError(f"{what}[{i}] is empty: give every one at least one character, or leave it out")
+        check_unicode(f"{what}[{i}]", item)

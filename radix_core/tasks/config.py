@@ -14,10 +14,11 @@ DEFAULT_MAX_ITEMS = 1024
 class TaskConfig:
     """What the task methods accept, and which prompt templates they use.
 
-    `max_items` bounds documents per rerank, texts per embed, inputs and labels per classify and
-    continuations per score. `max_tokens` is the per-sequence token limit; None takes the model's own maximum
-    (a larger value is capped at it). `templates` maps a task ("rerank", "embed") to a template, or a dict of
-    its fields, that replaces the registry default for this model (see `radix_core.templates`).
+    `max_items` bounds documents per rerank, texts per embed, inputs per predict, continuations per score and
+    the (input, label) sequences of a classify (inputs x labels). `max_tokens` is the per-sequence token limit;
+    None takes the model's own maximum (a larger value is capped at it). `templates` maps a task ("rerank",
+    "embed") to a template, or a dict of its fields, that replaces the registry default for this model (see
+    `radix_core.templates`).
     `special_tokens_in_user_text`: False (the default) encodes special-token literals in user text (`<|im_end|>` in
     a document) as plain text, so only the template's own control tokens are control tokens; True gives the
     tokenizer's raw behaviour, which lets whoever writes a document rewrite the prompt: trusted text only.

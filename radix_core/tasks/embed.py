@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from radix_core.tasks.base import Task, TaskJob, Usage, check_items, usage_dict
+from radix_core.tasks.base import Task, TaskJob, Usage, check_items, check_optional_text, usage_dict
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import EmbedTemplate
 from radix_core.tokenization import check_truncation
@@ -61,6 +61,7 @@ class EmbedTask(Task):
         tokenized with the kept text, as the tokenizer would encode it.
         """
         check_items("texts", texts, context.config.max_items)
+        check_optional_text("instruction", instruction)
         check_truncation(truncation_direction, "max_text_tokens", max_text_tokens)
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
@@ -76,8 +77,8 @@ class EmbedTask(Task):
                                        truncation_direction=truncation_direction, max_item_tokens=max_text_tokens)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
-            raise ValueError(f"texts[{empty}] is empty and this model's embedding prompt adds no tokens of its "
-                             f"own: give every text at least one character")
+            raise ValueError(f"texts[{empty}] gives no tokens: this tokenizer drops all of its characters and this "
+                             f"model's embedding prompt adds none of its own: give it a visible character")
         return EmbedJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), pooling, dimensions,
                         normalize)
 

@@ -81,8 +81,8 @@ class PredictTask(Task):
                                        truncation_direction=truncation_direction)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
-            raise ValueError(f"inputs[{empty}] is empty and this tokenizer adds no tokens of its own: give every "
-                             f"input at least one character")
+            raise ValueError(f"inputs[{empty}] gives no tokens: this tokenizer drops all of its characters and adds "
+                             f"none of its own: give it a visible character")
         return PredictJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.labels,
                           raw_scores)
 

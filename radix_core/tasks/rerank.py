@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, check_text, usage_dict
+from radix_core.tasks.base import (
+    HeadQuery,
+    Task,
+    TaskJob,
+    Usage,
+    check_items,
+    check_optional_text,
+    check_text,
+    usage_dict,
+)
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import CrossEncoderPair, RerankTemplate
 from radix_core.tokenization import EncodedBatch, check_truncation
@@ -83,6 +92,7 @@ class RerankTask(Task):
         """
         check_text("query", query)
         check_items("documents", documents, context.config.max_items)
+        check_optional_text("instruction", instruction)
         check_truncation(truncation_direction, "max_document_tokens", max_document_tokens)
         if top_n is not None and top_n < 1:
             raise ValueError(f"top_n must be at least 1, got {top_n}")

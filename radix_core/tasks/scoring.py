@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, check_text, usage_dict
+from radix_core.tasks.base import (
+    HeadQuery,
+    Task,
+    TaskJob,
+    Usage,
+    check_items,
+    check_optional_text,
+    check_text,
+    usage_dict,
+)
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import PromptParts, classify_parts
 from radix_core.tokenization import EncodedContinuations
@@ -131,7 +140,7 @@ class ScoreTask(ContinuationTask):
     def job(self, task_context: TaskContext, /, context: str, continuations: Sequence[str]) -> ScoreJob:
         """Log-probabilities of each continuation after `context`; see the module docstring."""
         check_text("context", context)
-        _check_continuations("continuations", continuations, task_context.config.max_items)
+        check_items("continuations", continuations, task_context.config.max_items)
         prompts = task_context.prompt_tokenizer()
         encoded = prompts.encode_continuations(
             PromptParts(context, [""], ""), continuations, task_context.token_limit,
@@ -157,12 +166,19 @@ class ClassifyTask(ContinuationTask):
             template: str | Callable[[str], str] | None = None) -> ClassifyJob:
         """Probability of each label after `prefix + template(input)`; see the module docstring. `template` is a
         format string with `{input}` (its text before `{input}` joins the shared prefix) or a callable; a request
-        encoded in another process must hold a string, as a callable need not pickle (the job never holds it)."""
+        encoded in another process must hold a string, as a callable need not pickle (the job never holds it).
+
+        Every (input, label) pair is a sequence, so `max_items` bounds their number, inputs x labels, as it bounds
+        a rerank's documents; a request over it is refused before anything is tokenized."""
         max_items = task_context.config.max_items
         check_items("inputs", inputs, max_items)
-        _check_continuations("labels", labels, max_items)
+        check_items("labels", labels, max_items)
+        _check_pairs(len(inputs), len(labels), max_items)
         if len(set(labels)) != len(labels):
             raise ValueError(f"labels must be distinct, got {list(labels)}")
+        check_optional_text("prefix", prefix)
+        if not callable(template):
+            check_optional_text("template", template)
         parts = classify_parts(prefix, template, inputs)
         special = task_context.config.special_tokens_in_user_text
         encoded = task_context.prompt_tokenizer().encode_continuations(parts, labels, task_context.token_limit,
@@ -211,8 +227,9 @@ def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
             group_size, queries, np.array(item_cu, dtype=np.int64))
 
 
-def _check_continuations(what: str, texts: Sequence[str], max_items: int) -> None:
-    check_items(what, texts, max_items)
-    empty = next((i for i, text in enumerate(texts) if not text), None)
-    if empty is not None:
-        raise ValueError(f"{what}[{empty}] is empty: every one needs at least one character")
+def _check_pairs(num_inputs: int, num_labels: int, max_items: int) -> None:
+    """At most `max_items` (input, label) sequences in one classify call (each count alone is within it)."""
+    if num_inputs * num_labels > max_items:
+        raise ValueError(f"inputs x labels is {num_inputs} x {num_labels} = {num_inputs * num_labels} sequences, more "
+                         f"than the limit of {max_items} per call: send at most {max_items // num_labels} inputs "
+                         f"with {num_labels} labels per request, or raise max_items in the task config")
