@@ -96,6 +96,14 @@ class ReplicaSettings(_Settings):
         """Replicas at start: the fixed count, or autoscaling's minimum (at least 1)."""
         return self.num_replicas if self.autoscaling is None else max(1, self.autoscaling.min_replicas)
 
+    def capped(self, most: int) -> ReplicaSettings:
+        """These settings with autoscaling's `max_replicas` at most `most` (never below `min_replicas` or 1); a fixed
+        count is what the operator asked for and stays."""
+        if self.autoscaling is None:
+            return self
+        bound = max(min(self.autoscaling.max_replicas, most), self.autoscaling.min_replicas, 1)
+        return self.model_copy(update={"autoscaling": self.autoscaling.model_copy(update={"max_replicas": bound})})
+
     def to_serve_options(self) -> dict[str, Any]:
         """`{"num_replicas": n}` or `{"autoscaling_config": {...}}` for `Deployment.options()`."""
         if self.autoscaling is not None:
@@ -286,11 +294,23 @@ class AppArgs(_Settings):
         ingress = self.resolved_ingress_cpus(cluster_gpus) * self.ingress_replicas.initial_replicas
         return max(MIN_ENGINE_CPUS, (node_cpus - ingress) / self.engine_replicas.initial_replicas)
 
-    def engine_options(self, cluster_gpus: float, node_cpus: float) -> dict[str, Any]:
-        """`Deployment.options()` for the engine: replicas, routing, queue bounds, and the actor's resources."""
+    def placeable_engine_replicas(self, cluster_gpus: float, node_cpus: float, cluster_cpus: float) -> int | None:
+        """How many CPU engine replicas the cluster's CPUs hold beside the ingress replicas; None on GPUs, where the
+        cluster autoscaler adds nodes for replicas that ask for one."""
+        engine_cpus = self.resolved_engine_cpus(cluster_gpus, node_cpus)
+        if self.resolved_accelerator(cluster_gpus) == "gpu" or engine_cpus <= 0:
+            return None
+        ingress = self.resolved_ingress_cpus(cluster_gpus) * self.ingress_replicas.initial_replicas
+        return int((cluster_cpus - ingress) // engine_cpus)
+
+    def engine_options(self, cluster_gpus: float, node_cpus: float, cluster_cpus: float | None = None) -> dict[str, Any]:
+        """`Deployment.options()` for the engine: replicas, routing, queue bounds, and the actor's resources. With
+        `cluster_cpus`, CPU autoscaling never reaches for more replicas than the cluster can place."""
         accelerator = self.resolved_accelerator(cluster_gpus)
+        most = None if cluster_cpus is None else self.placeable_engine_replicas(cluster_gpus, node_cpus, cluster_cpus)
+        replicas = self.engine_replicas if most is None else self.engine_replicas.capped(most)
         return {
-            **self.engine_replicas.to_serve_options(),
+            **replicas.to_serve_options(),
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": -1 if self.max_queued_requests is None else self.max_queued_requests,
             "request_router_config": self.router.to_request_router_config(),

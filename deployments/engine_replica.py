@@ -56,6 +56,7 @@ class EngineReplica:
             attention=args.attention, tasks=args.task_config())
         pipelined = args.index_builder == "actor"
         self.metrics = EngineMetrics()
+        self.computed_tokens = 0  # rows this replica's batches computed (the load benchmark's goodput reads it)
         self._builders = itertools.count()
         self.builder = self._new_builder() if pipelined else None
         self.batcher = TokenBudgetBatcher(self._run if pipelined else self._build_and_run,
@@ -79,6 +80,7 @@ class EngineReplica:
         return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,
                 "index_builder": self.args.index_builder,
                 "max_batch_tokens": self.args.max_batch_tokens, "torch_threads": torch.get_num_threads(),
+                "computed_tokens": self.computed_tokens,
                 "batcher": self.batcher.stats.summary()}
 
     async def check_health(self) -> None:
@@ -131,6 +133,7 @@ class EngineReplica:
     def _ran(self, prepared: PreparedBatch) -> None:
         """Export the mode and N'/N of a batch that ran (the rows computed: all N tokens when the mode is off)."""
         computed = prepared.index.num_compact if prepared.index is not None else prepared.num_tokens
+        self.computed_tokens += computed
         self.metrics.ran(prepared.mode, prepared.num_tokens, computed)
 
 

@@ -95,6 +95,20 @@ def test_autoscaling_converts_to_a_ray_autoscaling_config():
     assert (ray_config.upscale_delay_s, ray_config.downscale_delay_s) == (5, 120)
 
 
+@pytest.mark.parametrize("gpus, cluster_cpus, engine_cpus, most", [
+    (0, 2, None, 1),  # the default CPU reservation (the node less the ingress) fits once on a 2-CPU machine
+    (0, 16, 2.0, 4),  # room for more than max_replicas: unchanged
+    (0, 4, 1.0, 3),
+    (2, 2, None, 4),  # GPUs: the cluster autoscaler adds nodes, nothing is capped
+])
+def test_cpu_autoscaling_never_asks_for_replicas_the_cluster_cannot_place(gpus, cluster_cpus, engine_cpus, most):
+    args = AppArgs.model_validate({"engine_cpus": engine_cpus, "engine_replicas": {"autoscaling": {
+        "min_replicas": 1, "max_replicas": 4}}})
+    options = args.engine_options(cluster_gpus=gpus, node_cpus=min(cluster_cpus, 2), cluster_cpus=cluster_cpus)
+    assert options["autoscaling_config"]["max_replicas"] == most
+    assert args.engine_options(cluster_gpus=gpus, node_cpus=2)["autoscaling_config"]["max_replicas"] == 4
+
+
 def test_router_settings_become_a_request_router_config():
     args = AppArgs.model_validate({"router": {"load_factor": 1.5, "virtual_nodes": 64, "min_load_tokens": 4096}})
     config = args.engine_options(cluster_gpus=0, node_cpus=2)["request_router_config"]

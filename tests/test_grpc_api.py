@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serving import ROOT, GrpcDeployment
 
@@ -261,3 +262,7 @@ def test_a_full_token_queue_refuses_at_once_with_a_retry_hint(shedding_app):
         assert float(dict(call.trailing_metadata())["retry-after-ms"]) > 0
     assert time.monotonic() - started < 30
     assert len(shedding_app.stub.Rerank(requests[0], timeout=60).results) == 2
+    # a refusal is one WARNING line in the ingress log, never an error with a stack trace in the replica's
+    serve_logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+    replica_logs = "".join(path.read_text(errors="replace") for path in serve_logs.glob("replica_*EngineReplica*"))
+    assert "QueueFullError" not in replica_logs and "Traceback" not in replica_logs

@@ -239,3 +239,12 @@ def test_http_text_that_is_not_unicode_is_a_client_error_on_every_route(http, pa
 def test_http_an_empty_text_is_refused_on_every_route(http, path, body, field):
     status, message = post(http(), path, body)
     assert status == 422 and message.startswith(f"{field} is empty"), (status, message)
+
+
+def test_openai_refuses_an_input_over_the_limit_as_openai_does(http):
+    """OpenAI answers an input over the context length with an error, never a silently cut embedding; TEI's
+    /embed refuses one unless the client asks to truncate."""
+    status, message = post(http(), "/v1/embeddings", {"input": ["a short text", LONG]})
+    assert status == 422 and "1 gives a sequence of" in message and "the limit is 2048" in message, message
+    status, message = post(http(), "/embed", {"inputs": ["a short text", LONG]})
+    assert status == 422 and "inputs[1]" in message, message
