@@ -1,10 +1,17 @@
-"""Sustained load and overload through the gRPC proxy: zero errors below capacity, fast refusals above it.
+"""Sustained load and overload through the gRPC proxy: zero errors below capacity, fast refusals above it, and
+no work burnt on requests that fail.
 
-The application as `serve_config.yaml` builds it (`accelerator: cpu`, one engine replica, the `bench` preset Qwen3
-model, CPU reservations at their defaults, `max_queue_wait_s` from `--max-queue-wait-s`: the latency bound the
-replica keeps under overload), MS MARCO-shaped rerank requests of 8 documents:
+The application as `serve_config.yaml` builds it (`accelerator: cpu`, one engine replica, CPU reservations at their
+defaults, `max_queue_wait_s` from the command line: the latency bound the replica keeps under overload), driven by
+two workloads in turn:
 
-1. unloaded: one request at a time, its latency;
+* `rerank8`: MS MARCO-shaped rerank requests of 8 documents on the `bench` preset Qwen3 model;
+* `mix`: realistic request sizes, reranks of 8 to 1000 documents (log-uniform; Cohere's clients send up to 1000)
+  of about 100 tokens each, on the `small` preset (a 1000-document rerank takes seconds, not minutes, on 2 CPUs).
+
+For each, the phases:
+
+1. unloaded: one request at a time (16 of them), its latency;
 2. capacity: `--clients` closed-loop clients for `--capacity-s` seconds, requests answered per second;
 3. sustained: open-loop Poisson arrivals at `--load` x capacity for `--sustain-s` seconds (the target: no error),
    with the client retrying refusals as users run it;
@@ -12,7 +19,11 @@ replica keeps under overload), MS MARCO-shaped rerank requests of 8 documents:
    (RESOURCE_EXHAUSTED) and their latency, accepted requests and theirs;
 5. recovery: after the overload stops, one request at a time until one is back within 1.5x the unloaded latency.
 
-    python bench/load_bench.py [--load 0.7] [--sustain-s 60] [--overload 3] [--overload-s 20] [--out bench/results]
+Goodput is the share of the rows the engine computed during a phase that belonged to requests answered OK (their
+`usage.computed_tokens` over the replica's `computed_tokens`): work spent on a request that is refused, cancelled
+or fails lowers it.
+
+    python bench/load_bench.py [--workloads rerank8 mix] [--load 0.7] [--overload 3] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -22,7 +33,9 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
 
@@ -34,8 +47,48 @@ from serve_bench import start_serve, streams
 from tqdm import tqdm
 
 from deployments.app import build
-from radix_core.tiny_models import PRESETS, make_tiny_model
+from radix_core.tiny_models import CORPUS_PATH, PRESETS, make_tiny_model
 from radixserve.client import ScoringClient
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: str
+    latency_s: float
+    sent: float
+    computed_tokens: int  # the answer's usage (0 unless OK)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests to cycle through, the model preset that serves them, and the replica's latency bound."""
+
+    name: str
+    preset: str
+    requests: Callable[[np.random.Generator], list[dict]]
+    max_queue_wait_s: float
+    description: str
+
+
+def rerank8_requests(rng: np.random.Generator) -> list[dict]:
+    stream_args = argparse.Namespace(queries=12, docs=32, request_docs=8, embed_texts=0)
+    return [request for _, request in streams(stream_args, rng)["rerank"]]
+
+
+def mix_requests(rng: np.random.Generator, count: int = 64) -> list[dict]:
+    """`count` reranks of 8 to 1000 documents (log-uniform), 50 corpus words (about 100 tokens) each."""
+    words = np.array(CORPUS_PATH.read_text().split())
+    sizes = np.exp(rng.uniform(np.log(8), np.log(1000), count)).round().astype(int)
+    return [{"query": " ".join(rng.choice(words, 8)),
+             "documents": [" ".join(rng.choice(words, 50)) for _ in range(size)]} for size in sizes]
+
+
+WORKLOADS = {
+    "rerank8": Workload("rerank8", "bench", rerank8_requests, 1.0,
+                        "`bench` preset Qwen3, MS MARCO-shaped rerank requests of 8 documents"),
+    "mix": Workload("mix", "small", mix_requests, 5.0,
+                    "`small` preset Qwen3, reranks of 8 to 1000 documents of about 100 tokens (log-uniform)"),
+}
 
 
 class Driver:
@@ -51,18 +104,17 @@ class Driver:
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(threads)
 
-    def one(self) -> tuple[str, float, float]:
+    def one(self) -> Outcome:
         with self.lock:
             request = next(self.requests)
         sent = time.perf_counter()
         try:
-            self.clients[self.retrying].rerank(**request)
-            code = "OK"
+            reply = self.clients[self.retrying].rerank(**request)
+            return Outcome("OK", time.perf_counter() - sent, sent, reply.usage.computed_tokens)
         except grpc.RpcError as err:
-            code = err.code().name
-        return code, time.perf_counter() - sent, sent
+            return Outcome(err.code().name, time.perf_counter() - sent, sent, 0)
 
-    def closed_loop(self, clients: int, seconds: float, label: str) -> list[tuple[str, float, float]]:
+    def closed_loop(self, clients: int, seconds: float, label: str) -> list[Outcome]:
         end = time.perf_counter() + seconds
         results, bar = [], tqdm(desc=label, unit="req")
 
@@ -94,112 +146,139 @@ class Driver:
             return [f.result() for f in futures]
 
 
-def latencies(outcomes, code: str | None = None) -> np.ndarray:
-    return np.array([lat for c, lat, _ in outcomes if code is None or c == code])
+def latencies(outcomes: list[Outcome], code: str | None = None) -> np.ndarray:
+    return np.array([o.latency_s for o in outcomes if code is None or o.code == code])
 
 
 def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else float("nan")
 
 
+def computed_tokens() -> int:
+    """Rows the (one) engine replica has computed so far."""
+    return serve.get_app_handle("radixserve").info.remote().result(timeout_s=60)["computed_tokens"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--capacity-s", type=float, default=20)
     parser.add_argument("--load", type=float, default=0.7)
     parser.add_argument("--sustain-s", type=float, default=60)
     parser.add_argument("--overload", type=float, default=3.0)
     parser.add_argument("--overload-s", type=float, default=20)
-    parser.add_argument("--max-queue-wait-s", type=float, default=1.0,
-                        help="the replica's latency bound under overload (app arg max_queue_wait_s)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    stream_args = argparse.Namespace(queries=12, docs=32, request_docs=8, embed_texts=0)
-    rerank = [request for _, request in streams(stream_args, np.random.default_rng(0))["rerank"]]
-    model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
-                                    **PRESETS["bench"]))
     config, port = start_serve()
-    app_args = {**config["applications"][0]["args"], "model": model_dir, "accelerator": "cpu", "engine_replicas": 1,
-                "max_queue_wait_s": args.max_queue_wait_s}
-    serve.run(build(app_args), name="radixserve", route_prefix="/")
-    driver = Driver(f"127.0.0.1:{port}", rerank)
+    reports = {}
+    for name in args.workloads:
+        workload = WORKLOADS[name]
+        model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / f"{workload.preset}-qwen3", "qwen3", "causal_lm",
+                                        **PRESETS[workload.preset]))
+        app_args = {**config["applications"][0]["args"], "model": model_dir, "accelerator": "cpu",
+                    "engine_replicas": 1, "max_queue_wait_s": workload.max_queue_wait_s}
+        serve.run(build(app_args), name="radixserve", route_prefix="/")
+        reports[name] = run_workload(Driver(f"127.0.0.1:{port}", workload.requests(np.random.default_rng(0))),
+                                     args, name)
+        serve.delete("radixserve")
+    serve.shutdown()
+    ray.shutdown()
+    write_report(reports, args)
+
+
+def run_workload(driver: Driver, args, name: str) -> dict:
+    """The five phases on one deployed workload; the outcomes of the sustained and overload phases are kept for the
+    plot."""
     rng = np.random.default_rng(1)
-    driver.closed_loop(args.clients, 5, "warm-up")
-    unloaded = [driver.one() for _ in tqdm(range(8), desc="unloaded", unit="req")]
+    driver.closed_loop(args.clients, 5, f"{name} warm-up")
+    unloaded = [driver.one() for _ in tqdm(range(16), desc=f"{name} unloaded", unit="req")]
     base = pct(latencies(unloaded), 50)
-    capacity_run = driver.closed_loop(args.clients, args.capacity_s, "capacity")
-    capacity = sum(code == "OK" for code, _, _ in capacity_run) / args.capacity_s  # answered, not refused
-    sustained = driver.open_loop(args.load * capacity, args.sustain_s, f"{args.load:g}x capacity", rng)
+    capacity_run = driver.closed_loop(args.clients, args.capacity_s, f"{name} capacity")
+    capacity = sum(o.code == "OK" for o in capacity_run) / args.capacity_s  # answered, not refused
+    sustained = measured(lambda: driver.open_loop(args.load * capacity, args.sustain_s,
+                                                  f"{name} {args.load:g}x capacity", rng))
     driver.retrying = False
-    overloaded = driver.open_loop(args.overload * capacity, args.overload_s, f"{args.overload:g}x capacity", rng)
+    overloaded = measured(lambda: driver.open_loop(args.overload * capacity, args.overload_s,
+                                                   f"{name} {args.overload:g}x capacity", rng))
     stopped, recovery = time.perf_counter(), []
     while len(recovery) < 60:
         recovery.append(driver.one())
-        if recovery[-1][0] == "OK" and recovery[-1][1] <= 1.5 * base:
+        if recovery[-1].code == "OK" and recovery[-1].latency_s <= 1.5 * base:
             break
-    recovered_s = time.perf_counter() - stopped
-    serve.shutdown()
-    ray.shutdown()
-    report = {
-        "unloaded p50 s": base, "unloaded p99 s": pct(latencies(unloaded), 99), "capacity req/s": capacity,
-        "sustained": phase(sustained), "overload": phase(overloaded), "recovery s": recovered_s,
-    }
-    write_report(report, args, sustained, overloaded)
+    return {"unloaded p50 s": base, "unloaded p99 s": pct(latencies(unloaded), 99), "capacity req/s": capacity,
+            "sustained": phase(*sustained), "overload": phase(*overloaded), "recovery s": time.perf_counter() - stopped,
+            "outcomes": {"sustained": sustained[0], "overload": overloaded[0]}}
 
 
-def phase(outcomes) -> dict:
+def measured(run: Callable[[], list[Outcome]]) -> tuple[list[Outcome], int]:
+    """The phase's outcomes, and the rows the engine computed during it (all its requests answered)."""
+    before = computed_tokens()
+    outcomes = run()
+    return outcomes, computed_tokens() - before
+
+
+def phase(outcomes: list[Outcome], computed: int) -> dict:
     codes = {}
-    for code, _, _ in outcomes:
-        codes[code] = codes.get(code, 0) + 1
+    for o in outcomes:
+        codes[o.code] = codes.get(o.code, 0) + 1
     refused = latencies(outcomes, "RESOURCE_EXHAUSTED")
     ok = latencies(outcomes, "OK")
     return {"sent": len(outcomes), "codes": codes, "ok p50 s": pct(ok, 50), "ok p99 s": pct(ok, 99),
-            "refused p50 s": pct(refused, 50), "refused p99 s": pct(refused, 99)}
+            "refused p50 s": pct(refused, 50), "refused p99 s": pct(refused, 99),
+            "goodput": sum(o.computed_tokens for o in outcomes) / computed if computed else float("nan")}
 
 
-def write_report(report: dict, args, sustained, overloaded) -> None:
-    s, o = report["sustained"], report["overload"]
-    command = (f"python bench/load_bench.py --clients {args.clients} --capacity-s {args.capacity_s:g} --load "
-               f"{args.load:g} --sustain-s {args.sustain_s:g} --overload {args.overload:g} --overload-s "
-               f"{args.overload_s:g} --max-queue-wait-s {args.max_queue_wait_s:g}")
-    rows = [
-        "| phase | sent | answers by code | OK p50 s | OK p99 s | refused p50 s | refused p99 s |",
-        "|---|---|---|---|---|---|---|",
-        f"| {args.load:g}x capacity, {args.sustain_s:g} s | {s['sent']} | {s['codes']} | {s['ok p50 s']:.2f} | "
-        f"{s['ok p99 s']:.2f} | {s['refused p50 s']:.3f} | {s['refused p99 s']:.3f} |",
-        f"| {args.overload:g}x capacity, {args.overload_s:g} s | {o['sent']} | {o['codes']} | {o['ok p50 s']:.2f} | "
-        f"{o['ok p99 s']:.2f} | {o['refused p50 s']:.3f} | {o['refused p99 s']:.3f} |",
-    ]
-    text = (f"# Load and overload\n\nCommand: `{command}` (2 CPUs, `bench` preset Qwen3 on CPU, rerank requests of 8 "
-            "documents; the sustained phase with the client's retries, the overload without).\n\n"
-            f"Unloaded latency p50 {report['unloaded p50 s']:.2f} s, "
-            f"p99 {report['unloaded p99 s']:.2f} s; capacity {report['capacity req/s']:.2f} requests/s "
-            f"({args.clients} closed-loop clients); back within 1.5x the unloaded latency "
-            f"{report['recovery s']:.1f} s after the overload stopped.\n\n" + "\n".join(rows) + "\n")
+def write_report(reports: dict, args) -> None:
+    command = (f"python bench/load_bench.py --workloads {' '.join(reports)} --clients {args.clients} --capacity-s "
+               f"{args.capacity_s:g} --load {args.load:g} --sustain-s {args.sustain_s:g} --overload "
+               f"{args.overload:g} --overload-s {args.overload_s:g}")
+    text = [f"# Load and overload\n\nCommand: `{command}` (2 CPUs; the sustained phase with the client's retries, "
+            "the overload without). Goodput: the share of the rows the engine computed in the phase that belonged to "
+            "requests answered OK.\n"]
+    for name, report in reports.items():
+        workload = WORKLOADS[name]
+        rows = ["| phase | sent | answers by code | OK p50 s | OK p99 s | refused p50 s | refused p99 s | goodput |",
+                "|---|---|---|---|---|---|---|---|"]
+        for label, key, seconds in ((f"{args.load:g}x capacity", "sustained", args.sustain_s),
+                                    (f"{args.overload:g}x capacity", "overload", args.overload_s)):
+            p = report[key]
+            rows.append(f"| {label}, {seconds:g} s | {p['sent']} | {p['codes']} | {p['ok p50 s']:.2f} | "
+                        f"{p['ok p99 s']:.2f} | {p['refused p50 s']:.3f} | {p['refused p99 s']:.3f} | "
+                        f"{p['goodput']:.3f} |")
+        text.append(f"## {name}: {workload.description}, max_queue_wait_s {workload.max_queue_wait_s:g}\n\n"
+                    f"Unloaded latency p50 {report['unloaded p50 s']:.2f} s, p99 {report['unloaded p99 s']:.2f} s; "
+                    f"capacity {report['capacity req/s']:.2f} requests/s ({args.clients} closed-loop clients); back "
+                    f"within 1.5x the unloaded latency {report['recovery s']:.1f} s after the overload stopped.\n\n"
+                    + "\n".join(rows) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "load_bench.md").write_text(text)
-    (args.out / "load_bench.json").write_text(json.dumps(report, indent=1))
-    plot(sustained, overloaded, args.out / "load_bench.png")
-    print(text)
+    (args.out / "load_bench.md").write_text("\n".join(text))
+    summary = {name: {k: v for k, v in report.items() if k != "outcomes"} for name, report in reports.items()}
+    (args.out / "load_bench.json").write_text(json.dumps(summary, indent=1))
+    plot({name: report["outcomes"] for name, report in reports.items()}, args.out / "load_bench.png")
+    print("\n".join(text))
 
 
-def plot(sustained, overloaded, path: Path) -> None:
+def plot(outcomes: dict[str, dict[str, list[Outcome]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    t0 = min(sent for _, _, sent in sustained + overloaded)
+    fig, axes = plt.subplots(len(outcomes), 1, figsize=(10, 4.5 * len(outcomes)), squeeze=False)
     colours = {"OK": "tab:green", "RESOURCE_EXHAUSTED": "tab:orange"}
-    for code in sorted({c for c, _, _ in sustained + overloaded}):
-        points = [(sent - t0, lat) for c, lat, sent in sustained + overloaded if c == code]
-        ax.scatter(*zip(*points), s=6, label=code, color=colours.get(code, "tab:red"))
-    ax.axvline(min(sent for _, _, sent in overloaded) - t0, color="grey", linestyle="--", label="overload starts")
-    ax.set_xlabel("request sent at (s)")
-    ax.set_ylabel("latency (s)")
-    ax.set_yscale("log")
-    ax.legend()
+    for ax, (name, phases) in zip(axes[:, 0], outcomes.items()):
+        both = phases["sustained"] + phases["overload"]
+        t0 = min(o.sent for o in both)
+        for code in sorted({o.code for o in both}):
+            points = [(o.sent - t0, o.latency_s) for o in both if o.code == code]
+            ax.scatter(*zip(*points), s=6, label=code, color=colours.get(code, "tab:red"))
+        ax.axvline(min(o.sent for o in phases["overload"]) - t0, color="grey", linestyle="--", label="overload starts")
+        ax.set_title(name)
+        ax.set_xlabel("request sent at (s)")
+        ax.set_ylabel("latency (s)")
+        ax.set_yscale("log")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
