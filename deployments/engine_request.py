@@ -17,6 +17,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from radix_core.errors import RequestError
 from radix_core.tasks import TaskJob
 
 PRIORITY_HEADER = "x-radixserve-priority"  # HTTP header or gRPC metadata: interactive | batch
@@ -30,13 +31,14 @@ class Priority(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: str | None) -> Priority:
-        """`interactive` or `batch` (any case); None or "" is interactive. A ValueError names the choices."""
-        if not value:
+        """`interactive` or `batch` (any case); None or "" is interactive. A RequestError names the choices."""
+        if value is None or value == "":
             return cls.INTERACTIVE
-        try:
-            return cls[value.strip().upper()]
-        except KeyError:
-            raise ValueError(f"priority must be 'interactive' or 'batch', got {value[:40]!r}") from None
+        name = value.strip().upper() if isinstance(value, str) else None
+        if name not in cls.__members__:
+            shown = repr(value[:40]) if isinstance(value, str) else f"a value of type {type(value).__name__}"
+            raise RequestError(f"priority must be 'interactive' or 'batch', got {shown}", field="priority")
+        return cls[name]
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
 """The gRPC status of an error raised while answering a call: what the client did wrong, what it may retry, and
 what is the server's fault (logged here, answered with a short message and no stack trace).
 
-    INVALID_ARGUMENT    ValueError from validation, in the ingress or re-raised from the engine replica
+    INVALID_ARGUMENT    `radix_core.errors.RequestError`: the client's mistake, raised where the input is checked
+                        (any plain ValueError, numpy's or a bug's, is the server's: INTERNAL)
     RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests) and the batcher's QueueFullError,
                         both with a retry hint (`retry_after_s`, sent as the trailing metadata `retry-after-ms`):
                         the request fits once the engine has room. A refusal without the hint (a message over
                         max_request_bytes) can never succeed as sent, and clients do not retry it.
     UNAVAILABLE         engine deployment failed, its replica or actor died or is unreachable: retry shortly
-    INTERNAL            anything else
+    INTERNAL            anything else: logged here once, with its stack trace
 
 An error raised in another Ray process arrives as a `RayTaskError` whose `cause` is the original exception (the
 error is also an instance of the cause's class, but its `str` is the remote stack trace), so the cause is
@@ -19,10 +20,11 @@ from __future__ import annotations
 import logging
 
 import grpc
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
 from deployments.batcher import QueueFullError
+from radix_core.errors import RequestError
 
 logger = logging.getLogger("ray.serve")
 
@@ -49,8 +51,10 @@ def retry_after_s(err: Exception) -> float | None:
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
-    """`(code, details)` for the client; an unexpected error is logged with its stack trace."""
+    """`(code, details)` for the client; an unexpected error (INTERNAL) is logged with its stack trace."""
     cause = root_cause(err)
+    if isinstance(cause, RequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(cause)
     if isinstance(cause, BackPressureError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{cause.message} The engine is overloaded: retry with backoff."
     if isinstance(cause, QueueFullError):
@@ -58,7 +62,11 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
     if isinstance(cause, UNAVAILABLE_ERRORS):
         return grpc.StatusCode.UNAVAILABLE, (f"the engine is not available ({type(cause).__name__}): it is starting, "
                                              "restarting or failed to deploy; retry shortly")
-    if isinstance(cause, ValueError) and not isinstance(cause, RayError):  # Ray's own ValueErrors are not the user's
-        return grpc.StatusCode.INVALID_ARGUMENT, str(cause)
-    logger.error("gRPC call failed unexpectedly", exc_info=err)
-    return grpc.StatusCode.INTERNAL, f"internal error ({type(cause).__name__}); the server logged the details"
+    logger.error("call failed unexpectedly", exc_info=err)
+    return grpc.StatusCode.INTERNAL, internal_details(cause)
+
+
+def internal_details(cause: BaseException) -> str:
+    """What the client is told of a server fault: its type, never its message or stack trace (they may hold
+    paths, data or secrets)."""
+    return f"internal error ({type(cause).__name__}); the server logged the details"

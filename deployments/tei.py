@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.model_card import ModelCard
+from radix_core.errors import RequestError
 from radixserve.tei.v1 import tei_pb2 as tei
 
 MODEL_TYPES = {"rerank": "reranker", "embed": "embedding", "classify": "classifier"}  # primary task -> TEI's name
@@ -95,15 +96,17 @@ def predict_arguments(inputs: list[str], raw_scores: bool, truncate: bool | None
 def check_prompt_name(prompt_name: str | None) -> None:
     """TEI's `prompt_name` (embed, tokenize) is refused: radixserve has no named prompts."""
     if prompt_name is not None:
-        raise ValueError(f"prompt_name {prompt_name!r} is not supported: radixserve has no named prompts; leave it "
-                         "unset and put the prompt in inputs, or call radixserve.v1 Embed with an instruction")
+        raise RequestError(f"prompt_name {prompt_name[:40]!r} is not supported: radixserve has no named prompts",
+                           "leave it unset and put the prompt in inputs, or call radixserve.v1 Embed with an "
+                           "instruction", field="prompt_name")
 
 
 def truncation(truncate: bool | None, truncation_direction: str | int) -> dict[str, Any]:
     """TEI's `truncate` (unset: false, as in TEI) and `truncation_direction` as the tasks' arguments."""
     if truncation_direction not in DIRECTIONS:
-        raise ValueError(f"truncation_direction {truncation_direction!r} is unknown: send Right or Left "
-                         "(TRUNCATION_DIRECTION_RIGHT or _LEFT over gRPC)")
+        raise RequestError(f"truncation_direction {truncation_direction!r} is unknown",
+                           "send Right or Left (TRUNCATION_DIRECTION_RIGHT or _LEFT over gRPC)",
+                           field="truncation_direction")
     return {"truncate": bool(truncate), "truncation_direction": DIRECTIONS[truncation_direction]}
 
 

@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from string import Formatter
 
+from radix_core.errors import RequestError
+
 TASKS = ("rerank", "embed")
 WILDCARD = "*"
 
@@ -149,8 +151,9 @@ class CrossEncoderPair:
     def shared_prefix(self, query: str, instruction: str | None = None) -> str:
         """The query: its ids (with the pair's special tokens) start every sequence."""
         if instruction is not None:
-            raise ValueError("this model's rerank format (a plain query/document pair) takes no instruction; "
-                             "drop `instruction` or configure a RerankTemplate whose body uses {instruction}")
+            raise RequestError("this model's rerank format (a plain query/document pair) takes no instruction",
+                               "drop `instruction` or configure a RerankTemplate whose body uses {instruction}",
+                               field="instruction")
         return query
 
 
@@ -172,9 +175,10 @@ class EmbedTemplate:
             return PromptParts("", list(texts), "")
         if self.query is None:
             raise TemplateNotFound(
-                "this model has no instruction format for embeddings: embed without `instruction`, or configure "
-                'TaskConfig(templates={"embed": EmbedTemplate(query="Instruct: {instruction}\\nQuery:{text}")})'
-            )
+                "this model has no instruction format for embeddings",
+                'embed without `instruction`, or configure '
+                'TaskConfig(templates={"embed": EmbedTemplate(query="Instruct: {instruction}\\nQuery:{text}")})',
+                field="instruction")
         head, tail = _split_at(self.query, "text", instruction=instruction)
         return PromptParts(head, list(texts), tail)
 
@@ -207,8 +211,9 @@ DEFAULT_TEMPLATES: dict[tuple[str, str, str], Template] = {
 _TEMPLATE_TYPES = {"rerank": (RerankTemplate, CrossEncoderPair), "embed": (EmbedTemplate,)}
 
 
-class TemplateNotFound(ValueError):
-    """No prompt template for this task and model; the message says how to configure one."""
+class TemplateNotFound(RequestError):
+    """No prompt template for this task and model, so this server cannot answer such a request; the fix says how
+    to configure one."""
 
 
 def resolve_template(task: str, model_type: str, head: str,
@@ -223,10 +228,10 @@ def resolve_template(task: str, model_type: str, head: str,
         if key in DEFAULT_TEMPLATES:
             return DEFAULT_TEMPLATES[key]
     raise TemplateNotFound(
-        f"no {task} prompt template is known for {model_type} {head} models. Pass one in the engine config: "
-        f'TaskConfig(templates={{"{task}": RerankTemplate(prefix=..., body="...{{query}}...{{document}}", '
-        f"suffix=...)}}) (as a dict in YAML: templates: {{{task}: {{prefix: ..., body: ..., suffix: ...}}}})"
-    )
+        f"no {task} prompt template is known for {model_type} {head} models",
+        f'pass one in the engine config: TaskConfig(templates={{"{task}": RerankTemplate(prefix=..., '
+        f'body="...{{query}}...{{document}}", suffix=...)}}) (as a dict in YAML: templates: {{{task}: '
+        f"{{prefix: ..., body: ..., suffix: ...}}}})")
 
 
 def template_from_dict(task: str, value: Template | Mapping) -> Template:
@@ -259,5 +264,6 @@ def classify_parts(prefix: str, template: str | Callable[[str], str] | None, inp
         _check_field_once("classify template", template, "input")
         head, tail = _split_at(template, "input")
     except ValueError as err:  # also Python's own format-string errors ("Single '}' encountered")
-        raise ValueError(f"template is not a format string holding {{input}} once: {err}") from err
+        raise RequestError(f"template is not a format string holding {{input}} once: {err}",
+                           "e.g. \"Review: {input}\\nSentiment:\"", field="template") from err
     return PromptParts(user_text(prefix) + head, list(inputs), tail)

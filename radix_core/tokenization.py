@@ -51,9 +51,11 @@ from tokenizers import Encoding, Tokenizer
 from transformers import AutoTokenizer
 
 from radix_core.architectures import model_load_error
+from radix_core.errors import RequestError
 from radix_core.templates import PromptParts, Text, joined, user_text
 
 TRUNCATION_DIRECTIONS = ("right", "left")  # the side of a varying text truncation cuts: its end, or its start
+SHORTEN_SHARED = "shorten the shared part (query, instruction) or raise the limit"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _NEWLINE_LEFTS = ("x\n", "x?\n", "x \n", "x\n\n", "é\n", "x\r\n", "1\n", " \n", ":\n")
 _NEWLINE_RIGHTS = ("<D y", "Query: x", "a b", "\u0301x", "中文", "12", "'s x", "?\n", "x\n\n", "<|im_end|>")
@@ -211,8 +213,8 @@ class PromptTokenizer:
             for j, continuation in enumerate(continuations):
                 at_least = self._tokens_at_least(fixed + len(text) + len(continuation), limit)
                 if at_least:
-                    raise ValueError(f"{name(i, j)} gives a sequence of at least {at_least} tokens; the limit is "
-                                     f"{limit}: shorten the context or the {what}")
+                    raise RequestError(f"{name(i, j)} gives a sequence of at least {at_least} tokens; the limit is "
+                                       f"{limit}", f"shorten the context or the {what}", limit=limit)
         k = self._last_safe_point(shared)
         (shared_ids,) = self._encode_marked([shared.cut(0, k)], trust)
         shared_ids = self.leading_ids + shared_ids
@@ -235,7 +237,7 @@ class PromptTokenizer:
     def _encode_layout(self, layout: _Layout, varying: Sequence[str], limit: int, truncate: bool, what: str,
                        trust: bool, direction: str, max_item_tokens: int | None) -> EncodedBatch:
         """Sequences of `layout` with at most `limit` tokens each. A varying text of more than `max_item_tokens`
-        tokens of its own is cut to that many first. A longer sequence raises a ValueError naming the item, its
+        tokens of its own is cut to that many first. A longer sequence raises a RequestError naming the item, its
         length and the limit, unless `truncate`, which cuts its varying text; when the rest of the prompt alone
         exceeds the limit it raises either way. Cuts keep the start of the text (`direction` "right": the end is
         cut) or its end ("left"). A text over the character bound of either limit is cut to it first, on the same
@@ -259,8 +261,8 @@ class PromptTokenizer:
             if too_long and not truncate:
                 at_least = self._tokens_at_least(len(text if capped[i] else varying[i]), limit)
                 count = f"at least {fixed + at_least}" if at_least else f"{fixed + len(middle)}"
-                raise ValueError(f"{what} {i} gives a sequence of {count} tokens; the limit is {limit}: shorten it "
-                                 f"or pass truncate=True")
+                raise RequestError(f"{what} {i} gives a sequence of {count} tokens; the limit is {limit}",
+                                   "shorten it or pass truncate=True", index=i, limit=limit)
             if too_long:
                 middle = self._fit(layout, text, middle, limit, i, what, trust, direction)
             sequences.append(layout.shared_ids + middle + layout.suffix_ids)
@@ -275,8 +277,8 @@ class PromptTokenizer:
         budget = limit - fixed
         (empty,) = self._encode_marked([layout.head + layout.tail], trust)
         if len(empty) > budget:
-            raise ValueError(f"{what} {index}: the prompt without it already has {fixed + len(empty)} tokens; the "
-                             f"limit is {limit}: shorten the shared part (query, instruction) or raise the limit")
+            raise RequestError(f"{what} {index}: the prompt without it already has {fixed + len(empty)} tokens; "
+                               f"the limit is {limit}", SHORTEN_SHARED, index=index, limit=limit)
         return self._cut(text, middle, budget, lambda piece: self._encode_marked(
             [layout.head + self._mark(user_text(piece), trust) + layout.tail], trust)[0], direction, trust)[1]
 
@@ -302,8 +304,8 @@ class PromptTokenizer:
         """Refuse, before tokenizing it, a shared part (query, instruction) too long for any item to fit."""
         at_least = self._tokens_at_least(chars, limit)
         if at_least:
-            raise ValueError(f"{what} 0: the prompt without it already has at least {at_least} tokens; the limit "
-                             f"is {limit}: shorten the shared part (query, instruction) or raise the limit")
+            raise RequestError(f"{what} 0: the prompt without it already has at least {at_least} tokens; the "
+                               f"limit is {limit}", SHORTEN_SHARED, index=0, limit=limit)
 
     def _char_bound(self, limit: int) -> int | None:
         """Characters beyond which no text fits in `limit` tokens; None when this tokenizer has no such bound."""
@@ -357,20 +359,20 @@ class PromptTokenizer:
         """Encodings (ids, tokens, offsets) of user texts as the tasks encode them: special-token literals as plain
         text unless `trust` (`special_tokens_in_user_text`); the tokenizer's own affixes with `add_special_tokens`.
 
-        Each text is bounded as a task's item is: more than `limit` tokens (affixes included) raises a ValueError
+        Each text is bounded as a task's item is: more than `limit` tokens (affixes included) raises a RequestError
         naming `what[i]` and the limit, and a text over the character bound of `limit` is refused by its length
         before anything is tokenized, so a huge text costs no tokenizing."""
         for i, text in enumerate(texts):
             at_least = self._tokens_at_least(len(text), limit)
             if at_least:
-                raise ValueError(f"{what}[{i}] has at least {at_least} tokens; the limit is {limit} per text: "
-                                 f"shorten it or split it")
+                raise RequestError(f"{what}[{i}] has at least {at_least} tokens; the limit is {limit} per text",
+                                   "shorten it or split it", field=what, index=i, limit=limit)
         backend = self.tokenizer.backend_tokenizer if trust else self._plain
         encodings = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens) if texts else []
         for i, encoding in enumerate(encodings):
             if len(encoding.ids) > limit:
-                raise ValueError(f"{what}[{i}] has {len(encoding.ids)} tokens; the limit is {limit} per text: "
-                                 f"shorten it or split it")
+                raise RequestError(f"{what}[{i}] has {len(encoding.ids)} tokens; the limit is {limit} per text",
+                                   "shorten it or split it", field=what, index=i, limit=limit)
         return encodings
 
     def _encode_plain(self, texts: Sequence[str]) -> list[list[int]]:
@@ -461,17 +463,6 @@ def _plain_copy(tokenizer) -> Tokenizer:
     return plain
 
 
-def check_truncation(truncation_direction: str, cap_name: str | None = None, cap: int | None = None) -> None:
-    """A task's truncation arguments: `truncation_direction` is one of `TRUNCATION_DIRECTIONS`; a per-item token
-    cap (the argument `cap_name`), when given, is a whole number of at least 1."""
-    if truncation_direction not in TRUNCATION_DIRECTIONS:
-        raise ValueError(f"unknown truncation_direction {truncation_direction!r}: choose one of "
-                         f"{', '.join(TRUNCATION_DIRECTIONS)} (the side of a text that is cut)")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        raise ValueError(f"{cap_name} must be a whole number of tokens, at least 1, got {cap!r}: or leave it unset "
-                         "for no cap")
-
-
 def _keep_chars(text: str, bound: int | None, direction: str) -> str:
     """`text` cut to `bound` characters (None: no bound), keeping its start ("right") or its end ("left")."""
     if bound is None or len(text) <= bound:
@@ -516,13 +507,14 @@ def _common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 def _check_continuation(ids: list[int], start: int, name: str, limit: int, what: str) -> None:
+    """A continuation adds tokens to a context of at least one, within `limit` tokens in all."""
     if start >= len(ids):
-        raise ValueError(f"{name} adds no tokens to the context: give a non-empty {what}")
+        raise RequestError(f"{name} adds no tokens to the context", f"give a non-empty {what}")
     if start == 0:
-        raise ValueError(f"{name} starts the sequence: the context must give at least one token before it")
+        raise RequestError(f"{name} starts the sequence", "the context must give at least one token before it")
     if len(ids) > limit:
-        raise ValueError(f"{name} gives a sequence of {len(ids)} tokens; the limit is {limit}: "
-                         f"shorten the context or the {what}")
+        raise RequestError(f"{name} gives a sequence of {len(ids)} tokens; the limit is {limit}",
+                           f"shorten the context or the {what}", limit=limit)
 
 
 def load_prompt_tokenizer(model: str) -> PromptTokenizer | None:

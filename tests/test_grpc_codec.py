@@ -19,6 +19,7 @@ from deployments.batcher import QueueFullError
 from deployments.grpc_codec import SERVER_FIELDS, SERVICE, from_pb, info_to_pb, to_pb
 from deployments.grpc_status import status_of
 from radix_core import Engine
+from radix_core.errors import RequestError
 from radix_core.tasks import (
     TASKS, ClassifyResult, ContinuationScore, EmbedResult, LabelScore, PredictResult, RerankHit, RerankResult,
     ScoreResult, Usage,
@@ -100,8 +101,10 @@ def remote(cause: Exception) -> Exception:
 
 
 @pytest.mark.parametrize("err, code, details", [
-    (ValueError("documents is empty: give at least one"), "INVALID_ARGUMENT", "documents is empty: give at least one"),
-    (remote(ValueError("query is empty")), "INVALID_ARGUMENT", "query is empty"),
+    (RequestError("documents is empty", "give at least one"), "INVALID_ARGUMENT",
+     "documents is empty: give at least one"),
+    (remote(RequestError("query is empty")), "INVALID_ARGUMENT", "query is empty"),
+    (ValueError("operands could not be broadcast together"), "INTERNAL", "internal error (ValueError)"),
     (BackPressureError(num_queued_requests=3, max_queued_requests=2), "RESOURCE_EXHAUSTED", "max_queued_requests=2"),
     (remote(QueueFullError("batch queue full: 9 requests waiting", 2.5)), "RESOURCE_EXHAUSTED", "batch queue full"),
     (DeploymentUnavailableError(DeploymentID("EngineReplica", "radixserve")), "UNAVAILABLE", "retry shortly"),

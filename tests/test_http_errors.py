@@ -14,12 +14,13 @@ from deployments.batcher import QueueFullError
 from deployments.http.errors import api_error
 from deployments.http.registry import DIALECTS
 from deployments.model_card import model_card
+from radix_core.errors import RequestError
 from radix_core.tasks import TaskConfig, load_task_context
 from radix_core.tiny_models import make_tiny_model
 
 
 @pytest.mark.parametrize("err, status, name", [
-    (ValueError("documents is empty: give at least one"), 422, "validation"),
+    (RequestError("documents is empty", "give at least one"), 422, "validation"),
     (BackPressureError(num_queued_requests=3, max_queued_requests=2), 429, "overloaded"),
     (DeploymentUnavailableError("engine"), 503, "unhealthy"),
     (RuntimeError("a bug with a secret path /etc/x"), 500, "backend"),
@@ -46,7 +47,7 @@ def test_a_full_batch_queue_says_when_to_retry():
 ])
 def test_each_dialect_writes_its_error_body(dialect, body):
     (found,) = [d for d in DIALECTS if d.name == dialect]
-    assert found.error_body(api_error(ValueError("m")).kind, "m") == body
+    assert found.error_body(api_error(RequestError("m")).kind, "m") == body
     json.dumps(body)
 
 

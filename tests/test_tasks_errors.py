@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radix_core.engine import Engine
+from radix_core.errors import RequestError
 from radix_core.tasks import TASKS, TaskConfig
 from radix_core.templates import (
     QWEN3_EMBEDDING,
@@ -114,7 +115,7 @@ def test_classify_template_shares_its_head():
     (lambda e: e.embed(["t"], truncation_direction="Left"), "unknown truncation_direction 'Left'"),
     (lambda e: e.rerank("q", ["d"], max_document_tokens=0), "max_document_tokens must be a whole number of tokens, "
                                                             "at least 1, got 0"),
-    (lambda e: e.embed(["t"], max_text_tokens=2.5), "max_text_tokens must be a whole number of tokens"),
+    (lambda e: e.embed(["t"], max_text_tokens=2.5), "max_text_tokens must be an integer, got float"),
     (lambda e: e.classify(["x"], []), "labels is empty"),
     (lambda e: e.classify(["x"], [" a", " a"]), "labels must be distinct"),
     (lambda e: e.classify(["x"], [" a", ""]), r"labels\[1\] is empty"),
@@ -128,7 +129,7 @@ def test_classify_template_shares_its_head():
     (lambda e: e.score("c", [" a", ""]), r"continuations\[1\] is empty"),
 ])
 def test_bad_input(engine, call, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(RequestError, match=message):
         call(engine(max_items=4))
 
 

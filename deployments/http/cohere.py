@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.http.dialect import Dialect
 from deployments.http.errors import ErrorKind
@@ -34,6 +34,7 @@ class Document(BaseModel):
 
 
 class RerankV1Request(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     model: str | None = Field(None, description="The served model's name (/info model_id); omitted: the served one.")
     query: str = Field(description="The query every document is scored against.")
     documents: list[str | Document] = Field(description="Documents as strings or {\"text\": ...} objects.")
@@ -42,6 +43,7 @@ class RerankV1Request(BaseModel):
 
 
 class RerankV2Request(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     model: str | None = Field(None, description="The served model's name (/info model_id); omitted: the served one.")
     query: str = Field(description="The query every document is scored against.")
     documents: list[str] = Field(description="The documents to score.")

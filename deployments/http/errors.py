@@ -2,14 +2,16 @@
 the HTTP face classifies errors with the gRPC face's `status_of` rather than a second classifier.
 
     kind              status  gRPC code             when
-    validation        422     INVALID_ARGUMENT      bad input: the message names the field and the limit
+    validation        422     INVALID_ARGUMENT      bad input (a `RequestError`, or the request model's own check):
+                                                    the message names the field and the limit
     unauthorized      401     UNAUTHENTICATED       missing or wrong API key
     not_found         404     NOT_FOUND             a model other than the served one, an unknown path
     payload_too_large 413     -                     a body over max_request_bytes
     overloaded        429     RESOURCE_EXHAUSTED    engine queue full: retry after `Retry-After` seconds (the
                                                     queue's drain time when the batcher knows it, else 1)
     unhealthy         503     UNAVAILABLE           the engine is starting, restarting or failed
-    backend           500     INTERNAL              a server fault; details only in the server log
+    backend           500     INTERNAL              a server fault (any other exception, a plain ValueError too);
+                                                    its type only, the details in the server log, logged once
 
 The names are TEI's `error_type` values where TEI has one (validation, overloaded, unhealthy, backend). Each
 dialect writes the body its clients parse (`Dialect.error_body`).
@@ -63,7 +65,8 @@ class ApiError(HTTPException):
 
 def api_error(err: Exception) -> ApiError:
     """`err` as an ApiError: an HTTPException (Starlette's 404, 405, ...) keeps its status, anything else is
-    classified by `status_of` (which logs the unexpected ones with their stack trace)."""
+    classified by `status_of` (a `RequestError` is a 422; the server faults are logged there, with their stack
+    trace)."""
     if isinstance(err, ApiError):
         return err
     if isinstance(err, HTTPException):

@@ -4,9 +4,11 @@
 tokenizes text itself, so the ids would not be the sequence the model sees). `dimensions` keeps the first d
 components, renormalised (Matryoshka, as the library's `embed(dimensions=...)`). `encoding_format: "base64"` (what
 the `openai` SDK asks for unless told otherwise) is each vector's little-endian float32 bytes in base64, which the
-SDK decodes; `"float"` is a JSON list. `usage.computed_tokens` adds the tokens left after shared prefixes were
-computed once. Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK raises as
-`BadRequestError`/`UnprocessableEntityError`, `AuthenticationError`, `NotFoundError`, `RateLimitError`, ...
+SDK decodes; `"float"` is a JSON list. An input longer than the model's limit is refused (422 naming it and the
+limit), as OpenAI refuses one over its context length, never silently cut. `usage.computed_tokens` adds the
+tokens left after shared prefixes were computed once. Errors are OpenAI's `{"error": {"message", "type", "param",
+"code"}}`, which its SDK raises as `BadRequestError`/`UnprocessableEntityError`, `AuthenticationError`,
+`NotFoundError`, `RateLimitError`, ...
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.http.dialect import Dialect
 from deployments.http.errors import VALIDATION, ApiError, ErrorKind
@@ -25,6 +27,7 @@ from radix_core.tasks import EmbedResult
 
 
 class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     input: str | list[str] | list[int] | list[list[int]] = Field(
         description="A text or a list of texts (token-id lists are refused: send text).")
     model: str | None = Field(None, description="The served model's name (/info model_id); omitted: the served one.")
@@ -62,7 +65,8 @@ class OpenAIDialect(Dialect):
         async def embeddings(body: EmbeddingsRequest):
             service.check_model(body.model)
             texts = _texts(body.input)
-            result = await service.run("embed", {"texts": texts, "dimensions": body.dimensions}, rename=_openai_names)
+            result = await service.run("embed", {"texts": texts, "dimensions": body.dimensions, "truncate": False},
+                                       rename=_openai_names)
             return await service.respond(_response, result, body.encoding_format, service.card.served_model_name,
                                          usage=result.usage)
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from deployments import tei as tei_fields
 from deployments.http.dialect import Dialect
@@ -42,6 +42,7 @@ HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers wit
 
 
 class RerankRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     query: str = Field(description="The query every text is scored against.")
     texts: list[str] = Field(description="The texts to score.")
     raw_scores: bool = Field(False, description="The raw relevance logit instead of a probability.")
@@ -58,6 +59,7 @@ class RankItem(BaseModel):
 
 
 class EmbedRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     inputs: str | list[str] = Field(description="A text or a list of texts.")
     normalize: bool = Field(True, description="Scale each vector to unit L2 norm.")
     truncate: bool | None = Field(False, description="Cut texts over the per-item limit (false: 422).")
@@ -68,6 +70,7 @@ class EmbedRequest(BaseModel):
 
 
 class PredictRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     inputs: str | list[str] | list[str | list[str]] = Field(
         description="A text, a [text, text_pair] pair, or a list of texts and pairs.")
     raw_scores: bool = Field(False, description="The raw logit instead of a probability.")
@@ -82,6 +85,7 @@ class Prediction(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
     inputs: str | list[str] = Field(description="A text or a list of texts.")
     add_special_tokens: bool = Field(True, description="Add the tokenizer's own special tokens (BOS, EOS).")
     prompt_name: str | None = Field(None, description="Not supported: leave it out.")
@@ -145,11 +149,8 @@ class TeiDialect(Dialect):
         @router.post("/tokenize", responses={200: {"model": list[list[Token]]}}, summary="TEI tokenize", **keyed)
         async def tokenize(body: TokenizeRequest):
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-            try:
-                tokens = await asyncio.to_thread(_tokens, service.scorer.context, texts, body.add_special_tokens,
-                                                 body.prompt_name)
-            except ValueError as err:
-                raise ApiError(VALIDATION, str(err)) from None
+            tokens = await asyncio.to_thread(_tokens, service.scorer.context, texts, body.add_special_tokens,
+                                             body.prompt_name)
             return await service.respond(lambda: tokens)
 
         @router.get("/info", response_model=Info, summary="TEI info: the model, its type and limits")
@@ -196,10 +197,7 @@ def _predict_inputs(inputs: str | list, max_items: int) -> tuple[bool, list[str 
         single, items = False, inputs
     if not items:
         raise ApiError(VALIDATION, "inputs is empty: give at least one text or [text, text_pair] pair")
-    try:
-        check_count("inputs", len(items), max_items)
-    except ValueError as err:
-        raise ApiError(VALIDATION, str(err)) from None
+    check_count("inputs", len(items), max_items)
     for i, item in enumerate(items):
         if not isinstance(item, str) and len(item) != 2:
             raise ApiError(VALIDATION, f"inputs[{i}] has {len(item)} texts: give a text or a [text, text_pair] pair")
@@ -240,7 +238,7 @@ def _tokens(context: TaskContext, texts: list[str], add_special_tokens: bool,
             prompt_name: str | None) -> list[list[dict[str, Any]]]:
     """Each text's tokens as the tasks encode user text (special-token literals plain unless the config trusts
     them), bounded as the tasks bound their items: at most max_items texts of at most the per-item token limit
-    (a ValueError names the text and the limit)."""
+    (a RequestError names the text and the limit)."""
     tei_fields.check_prompt_name(prompt_name)
     check_items("inputs", texts, context.config.max_items)
     prompts = context.prompt_tokenizer()

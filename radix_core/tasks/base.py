@@ -15,6 +15,7 @@ A job holds token ids (`TokenSequences`), never text the engine would tokenize a
 from __future__ import annotations
 
 import inspect
+import numbers
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from radix_core.errors import RequestError
 from radix_core.tasks.context import TaskContext
+from radix_core.tokenization import TRUNCATION_DIRECTIONS
 from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
@@ -107,19 +110,19 @@ class Task(ABC):
 
     def encode(self, context: TaskContext, request: Mapping[str, Any]) -> TaskJob:
         """Validate and tokenize one request (the keyword arguments of the `Engine` method of this task); an
-        unknown or missing key and bad input raise a ValueError saying what is wrong."""
+        unknown or missing key and bad input raise a `RequestError` saying what is wrong."""
         if not isinstance(request, Mapping):
-            raise ValueError(f"the {self.name} request must be a mapping of its arguments, got "
-                             f"{type(request).__name__}")
+            raise RequestError(f"the {self.name} request must be a mapping of its arguments, got "
+                               f"{type(request).__name__}")
         params = list(inspect.signature(self.job).parameters.values())[1:]  # after the TaskContext
         allowed = [p.name for p in params]
-        unknown = sorted(set(request) - set(allowed))
+        unknown = sorted(set(request) - set(allowed), key=str)  # a handle's caller may send keys of any type
         if unknown:
-            raise ValueError(f"unknown {self.name} request keys {unknown}: allowed are {allowed}")
+            raise RequestError(f"unknown {self.name} request keys {unknown}", f"allowed are {allowed}")
         required = [p.name for p in params if p.default is inspect.Parameter.empty]
         missing = [name for name in required if name not in request]
         if missing:
-            raise ValueError(f"the {self.name} request lacks {missing}: it needs {required}")
+            raise RequestError(f"the {self.name} request lacks {missing}", f"it needs {required}")
         return self.job(context, **request)
 
     @abstractmethod
@@ -168,9 +171,9 @@ def _chunks(costs: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
 def check_text(what: str, text: str) -> None:
     """A required text: a non-empty str of valid Unicode."""
     if not isinstance(text, str):
-        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+        raise RequestError(f"{what} must be a string, got {type(text).__name__}", field=what)
     if not text:
-        raise ValueError(f"{what} is empty")
+        raise RequestError(f"{what} is empty", field=what)
     check_unicode(what, text)
 
 
@@ -179,25 +182,27 @@ def check_optional_text(what: str, text: str | None) -> None:
     if text is None:
         return
     if not isinstance(text, str):
-        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+        raise RequestError(f"{what} must be a string, got {type(text).__name__}", field=what)
     check_unicode(what, text)
 
 
-def check_unicode(what: str, text: str) -> None:
+def check_unicode(what: str, text: str, index: int | None = None) -> None:
     """Text the tokenizer can encode: no lone surrogate. JSON's `"\\ud800"` escape decodes to one (a valid pair of
-    escapes decodes to its character), but a surrogate alone is no character and has no UTF-8 encoding."""
+    escapes decodes to its character), but a surrogate alone is no character and has no UTF-8 encoding. `what`
+    names the text, `index` its item when it is one of a list."""
     bad = _SURROGATE.search(text)
     if bad is not None:
-        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate U+{ord(bad[0]):04X} at character "
-                         f"{bad.start()}; send UTF-8 text (in JSON, a \\u escape of a surrogate must be half of a "
-                         f"high-low pair)")
+        name = what if index is None else f"{what}[{index}]"
+        raise RequestError(f"{name} is not valid Unicode: it holds a lone surrogate U+{ord(bad[0]):04X} at "
+                           f"character {bad.start()}", "send UTF-8 text (in JSON, a \\u escape of a surrogate must "
+                           "be half of a high-low pair)", field=what, index=index)
 
 
 def check_count(what: str, count: int, max_items: int) -> None:
     """At most `max_items` items of `what` in one call."""
     if count > max_items:
-        raise ValueError(f"{count} {what} are more than the limit of {max_items} per call: split the request or "
-                         f"raise max_items in the task config")
+        raise RequestError(f"{count} {what} are more than the limit of {max_items} per call",
+                           "split the request or raise max_items in the task config", field=what, limit=max_items)
 
 
 def check_items(what: str, items: Sequence[str], max_items: int) -> None:
@@ -205,13 +210,48 @@ def check_items(what: str, items: Sequence[str], max_items: int) -> None:
     characters). Every task refuses an empty item: it has nothing to score or embed, and a model kind's prompt
     would make of it what another's does not (a tokenizer drops an empty text_pair)."""
     if isinstance(items, str) or not isinstance(items, Sequence):
-        raise ValueError(f"{what} must be a list of strings, got {type(items).__name__}")
+        raise RequestError(f"{what} must be a list of strings, got {type(items).__name__}", field=what)
     if not items:
-        raise ValueError(f"{what} is empty: give at least one")
+        raise RequestError(f"{what} is empty", "give at least one", field=what)
     check_count(what, len(items), max_items)
     for i, item in enumerate(items):
         if not isinstance(item, str):
-            raise ValueError(f"{what}[{i}] must be a string, got {type(item).__name__}")
+            raise RequestError(f"{what}[{i}] must be a string, got {type(item).__name__}", field=what, index=i)
         if not item:
-            raise ValueError(f"{what}[{i}] is empty: give every one at least one character, or leave it out")
-        check_unicode(f"{what}[{i}]", item)
+            raise RequestError(f"{what}[{i}] is empty", "give every one at least one character, or leave it out",
+                               field=what, index=i)
+        check_unicode(what, item, i)
+
+
+def check_flag(what: str, value: Any) -> None:
+    """A bool argument: True or False, not a value Python would take as one ("no" is true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise RequestError(f"{what} must be a boolean, got {type(value).__name__}", field=what)
+
+
+def check_optional_int(what: str, value: Any) -> None:
+    """None, or an integer (a bool is no count); its range is the caller's to check."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise RequestError(f"{what} must be an integer, got {type(value).__name__}", field=what)
+
+
+def check_choice(what: str, value: Any, choices: Sequence[str], meaning: str = "") -> None:
+    """One of `choices` (`meaning`, when given, says what they choose)."""
+    if not isinstance(value, str):
+        raise RequestError(f"{what} must be a string, got {type(value).__name__}", field=what)
+    if value not in choices:
+        raise RequestError(f"unknown {what} {value[:40]!r}", f"choose one of {', '.join(choices)}{meaning}",
+                           field=what)
+
+
+def check_truncation(truncation_direction: str, cap_name: str | None = None, cap: int | None = None) -> None:
+    """A task's truncation arguments: `truncation_direction` is one of `TRUNCATION_DIRECTIONS`; a per-item token
+    cap (the argument `cap_name`), when given, is a whole number of at least 1."""
+    check_choice("truncation_direction", truncation_direction, TRUNCATION_DIRECTIONS,
+                 " (the side of a text that is cut)")
+    if cap_name is None:
+        return
+    check_optional_int(cap_name, cap)
+    if cap is not None and cap < 1:
+        raise RequestError(f"{cap_name} must be a whole number of tokens, at least 1, got {cap}",
+                           "or leave it unset for no cap", field=cap_name, limit=1)

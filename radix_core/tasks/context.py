@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from radix_core.architectures import head_of, load_config, max_seq_len
+from radix_core.errors import RequestError
 from radix_core.tasks.config import TaskConfig
 from radix_core.templates import Template, resolve_template
 from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
@@ -28,8 +29,8 @@ class TaskContext:
 
     def prompt_tokenizer(self) -> PromptTokenizer:
         if self.prompts is None:
-            raise ValueError(f"model {self.model!r} has no tokenizer, which the text tasks need: put its "
-                             f"tokenizer.json next to the weights, or call Engine.forward with token ids")
+            raise RequestError(f"model {self.model!r} has no tokenizer, which the text tasks need",
+                               "put its tokenizer.json next to the weights, or call Engine.forward with token ids")
         return self.prompts
 
     @property

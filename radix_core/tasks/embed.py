@@ -15,10 +15,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from radix_core.tasks.base import Task, TaskJob, Usage, check_items, check_optional_text, usage_dict
+from radix_core.errors import RequestError
+from radix_core.tasks.base import (
+    Task,
+    TaskJob,
+    Usage,
+    check_choice,
+    check_flag,
+    check_items,
+    check_optional_int,
+    check_optional_text,
+    check_truncation,
+    usage_dict,
+)
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import EmbedTemplate
-from radix_core.tokenization import check_truncation
 from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
@@ -63,12 +74,14 @@ class EmbedTask(Task):
         check_items("texts", texts, context.config.max_items)
         check_optional_text("instruction", instruction)
         check_truncation(truncation_direction, "max_text_tokens", max_text_tokens)
-        if pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
+        check_flag("normalize", normalize)
+        check_flag("truncate", truncate)
+        check_choice("pooling", pooling, POOLINGS)
+        check_optional_int("dimensions", dimensions)
         hidden_size = context.hidden_size
         if dimensions is not None and not 1 <= dimensions <= hidden_size:
-            raise ValueError(f"dimensions must be between 1 and the model's hidden size {hidden_size}, "
-                             f"got {dimensions}")
+            raise RequestError(f"dimensions must be between 1 and the model's hidden size {hidden_size}, "
+                               f"got {dimensions}", field="dimensions", limit=1 if dimensions < 1 else hidden_size)
         template = context.template("embed")
         prompts = context.prompt_tokenizer()
         batch = prompts.encode_prompts(template.parts(texts, instruction), context.token_limit, truncate,
@@ -77,8 +90,9 @@ class EmbedTask(Task):
                                        truncation_direction=truncation_direction, max_item_tokens=max_text_tokens)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
-            raise ValueError(f"texts[{empty}] gives no tokens: this tokenizer drops all of its characters and this "
-                             f"model's embedding prompt adds none of its own: give it a visible character")
+            raise RequestError(f"texts[{empty}] gives no tokens: this tokenizer drops all of its characters and "
+                               f"this model's embedding prompt adds none of its own", "give it a visible character",
+                               field="texts", index=empty)
         return EmbedJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), pooling, dimensions,
                         normalize)
 

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_items, usage_dict
+from radix_core.errors import RequestError
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_flag, check_items, check_truncation, usage_dict
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import PromptParts
-from radix_core.tokenization import check_truncation
 from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
@@ -70,10 +70,12 @@ class PredictTask(Task):
         """
         check_items("inputs", inputs, context.config.max_items)
         check_truncation(truncation_direction)
+        check_flag("raw_scores", raw_scores)
+        check_flag("truncate", truncate)
         if context.head != "seq_cls":
-            raise ValueError(f"model {context.model!r} has no sequence-classification head, so it has no labels of "
-                             f"its own to predict: use a ForSequenceClassification model, or classify with labels "
-                             f"you give (the classify task)")
+            raise RequestError(f"model {context.model!r} has no sequence-classification head, so it has no labels "
+                               f"of its own to predict", "use a ForSequenceClassification model, or classify with "
+                               "labels you give (the classify task)")
         prompts = context.prompt_tokenizer()
         batch = prompts.encode_prompts(PromptParts((), list(inputs), ()), context.token_limit, truncate,
                                        end_ids=prompts.trailing_ids, what="input",
@@ -81,8 +83,8 @@ class PredictTask(Task):
                                        truncation_direction=truncation_direction)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
-            raise ValueError(f"inputs[{empty}] gives no tokens: this tokenizer drops all of its characters and adds "
-                             f"none of its own: give it a visible character")
+            raise RequestError(f"inputs[{empty}] gives no tokens: this tokenizer drops all of its characters and "
+                               f"adds none of its own", "give it a visible character", field="inputs", index=empty)
         return PredictJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.labels,
                           raw_scores)
 

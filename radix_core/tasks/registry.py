@@ -6,6 +6,7 @@ contract (`proto/radixserve/v1/scoring.proto`, named after `Task.rpc`).
 
 from __future__ import annotations
 
+from radix_core.errors import RequestError
 from radix_core.tasks.base import Task
 from radix_core.tasks.embed import EmbedTask
 from radix_core.tasks.predict import PredictTask
@@ -17,7 +18,7 @@ TASKS: dict[str, Task] = {task.name: task for task in (RerankTask(), EmbedTask()
 
 
 def task_of(name: str) -> Task:
-    """The task called `name`, or a ValueError listing the known ones."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
+    """The task called `name`, or a RequestError listing the known ones."""
+    if not isinstance(name, str) or name not in TASKS:
+        raise RequestError(f"unknown task {name!r}", f"choose one of {', '.join(TASKS)}", field="task")
     return TASKS[name]

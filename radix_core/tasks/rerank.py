@@ -16,19 +16,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from radix_core.errors import RequestError
 from radix_core.tasks.base import (
     HeadQuery,
     Task,
     TaskJob,
     Usage,
+    check_flag,
     check_items,
+    check_optional_int,
     check_optional_text,
     check_text,
+    check_truncation,
     usage_dict,
 )
 from radix_core.tasks.context import TaskContext
 from radix_core.templates import CrossEncoderPair, RerankTemplate
-from radix_core.tokenization import EncodedBatch, check_truncation
+from radix_core.tokenization import EncodedBatch
 from radix_core.tokens import TokenSequences
 
 if TYPE_CHECKING:
@@ -94,14 +98,18 @@ class RerankTask(Task):
         check_items("documents", documents, context.config.max_items)
         check_optional_text("instruction", instruction)
         check_truncation(truncation_direction, "max_document_tokens", max_document_tokens)
+        check_flag("return_documents", return_documents)
+        check_flag("raw_scores", raw_scores)
+        check_flag("truncate", truncate)
+        check_optional_int("top_n", top_n)
         if top_n is not None and top_n < 1:
-            raise ValueError(f"top_n must be at least 1, got {top_n}")
+            raise RequestError(f"top_n must be at least 1, got {top_n}", field="top_n", limit=1)
         if context.head not in ("causal_lm", "seq_cls"):
-            raise ValueError(f"model {context.model!r} has no LM or score head, so it cannot rerank: use a "
-                             f"causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
+            raise RequestError(f"model {context.model!r} has no LM or score head, so it cannot rerank",
+                               "use a causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
         if context.head == "seq_cls" and context.num_labels != 1:
-            raise ValueError(f"model {context.model!r} has a {context.num_labels}-label score head; reranking needs a "
-                             f"single relevance logit (num_labels=1)")
+            raise RequestError(f"model {context.model!r} has a {context.num_labels}-label score head; reranking "
+                               f"needs a single relevance logit (num_labels=1)")
         template = context.template("rerank")
         answer_ids = _answer_ids(context, template)
         batch = encode_rerank(context, template, query, documents, instruction, truncate, truncation_direction,

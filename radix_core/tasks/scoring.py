@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from radix_core.errors import RequestError
 from radix_core.tasks.base import (
     HeadQuery,
     Task,
@@ -175,7 +176,8 @@ class ClassifyTask(ContinuationTask):
         check_items("labels", labels, max_items)
         _check_pairs(len(inputs), len(labels), max_items)
         if len(set(labels)) != len(labels):
-            raise ValueError(f"labels must be distinct, got {list(labels)}")
+            raise RequestError(f"labels must be distinct, got {list(labels)}", "send each label once",
+                               field="labels")
         check_optional_text("prefix", prefix)
         if not callable(template):
             check_optional_text("template", template)
@@ -203,8 +205,8 @@ def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
     encoded items, input-major, in groups of `group_size`: a sequence is every token of an item but the last,
     position p predicts token p + 1, and within a group items with equal inputs share a sequence."""
     if context.head != "causal_lm":
-        raise ValueError(f"model {context.model!r} has no LM head ({context.head}); scoring continuations "
-                         f"needs a causal LM")
+        raise RequestError(f"model {context.model!r} has no LM head ({context.head}); scoring continuations "
+                           f"needs a causal LM")
     items = [item for row in encoded.rows for item in row]
     sequences: list[list[int]] = []
     group_cu, query_seq, query_pos, targets, item_cu = [0], [], [], [], [0]
@@ -230,6 +232,7 @@ def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
 def _check_pairs(num_inputs: int, num_labels: int, max_items: int) -> None:
     """At most `max_items` (input, label) sequences in one classify call (each count alone is within it)."""
     if num_inputs * num_labels > max_items:
-        raise ValueError(f"inputs x labels is {num_inputs} x {num_labels} = {num_inputs * num_labels} sequences, more "
-                         f"than the limit of {max_items} per call: send at most {max_items // num_labels} inputs "
-                         f"with {num_labels} labels per request, or raise max_items in the task config")
+        raise RequestError(f"inputs x labels is {num_inputs} x {num_labels} = {num_inputs * num_labels} sequences, "
+                           f"more than the limit of {max_items} per call", f"send at most {max_items // num_labels} "
+                           f"inputs with {num_labels} labels per request, or raise max_items in the task config",
+                           field="inputs", limit=max_items)
