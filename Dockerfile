@@ -18,6 +18,15 @@ FROM rayproject/ray:2.60.0-py311-cu130
 # (tests/test_k8s_image.py checks they agree).
 ENV RAY_SERVE_GRPC_MAX_MESSAGE_SIZE=16842752
 
+# Compiled kernels persist across replica restarts (radix_core.Engine.warm_up compiles every variant before a replica
+# reports ready): flash-attn 4 keeps them in memory only unless its CuTe DSL cache is enabled, and Triton's cache
+# would sit in ~/.triton. Both under one directory, in the container's writable layer (kept while it lives); on k8s
+# point them at the workers' shared volume so new pods load kernels compiled before (bench/results/gpu/NOTES.md).
+# Both caches key entries by GPU architecture and library version, so one directory serves mixed GPUs and upgrades.
+ENV FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 \
+    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/home/ray/.cache/radixserve/flash-attn-cute \
+    TRITON_CACHE_DIR=/home/ray/.cache/radixserve/triton
+
 WORKDIR /home/ray/radixserve
 COPY --chown=ray:users pyproject.toml README.md ./
 COPY --chown=ray:users radix_core ./radix_core

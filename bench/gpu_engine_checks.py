@@ -1,28 +1,32 @@
-"""The GPU check's engine sections: the engine and every task head on CUDA against a CPU float64 engine.
+"""The GPU check's engine sections: the engine and every task head on CUDA against a CPU float64 engine, and the
+engine's warm-up.
 
 Models are tiny random-weight Qwen3 checkpoints from `radix_core.tiny_models` with the head size of real ones
-(head_dim 128, 4 query heads over 2 kv heads, so grouped-query attention), one per head: `causal_lm` (rerank by
-the yes/no logits, classify, score, embed) and `seq_cls` (rerank by the score head). Each dtype (fp32, bf16, fp16)
-runs with each attention backend it allows, in `off` and `full` mode; `full` over batches with exact duplicates
-and prefixes, the `[[7], [7]]` case included, where sequences add no queries.
+(head_dim 128, 4 query heads over 2 kv heads, so grouped-query attention with Qwen3-0.6B's ratio of 2), one per
+head: `causal_lm` (rerank by the yes/no logits, classify, score, embed) and `seq_cls` (rerank by the score head).
+Each dtype (fp32, bf16, fp16) runs with each attention backend it allows and the run asked for, in `off`, `mlp`
+and `full` mode, over batches with exact duplicates and prefixes, the `[[7], [7]]` case included (sequences that
+add no queries), and a batch of more than 256 blocks (flash-attn 4's other scheduler).
 """
 
 from __future__ import annotations
 
+import getpass
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from gpu_report import Check, Report
+from gpu_report import CHECK_COLUMNS, TIMING_COLUMNS, Check, Report
 
-from radix_core.engine import Engine
+from radix_core.engine import Engine, many_blocks_batch
 from radix_core.tiny_models import make_tiny_model
 
 ENGINE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}  # error / max abs reference
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MODES = ("off", "full")
+MODES = ("off", "mlp", "full")
 MODEL = dict(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512, head_dim=128)
 QUERY = "which animal guards the radix tree"
 DOCUMENTS = ["A trie stores strings by their prefixes.", "Bread rises when yeast ferments.",
@@ -33,11 +37,13 @@ CONTEXT = "The capital of France is"
 CONTINUATIONS = [" Paris", " Lyon", " Paris", " a city in Europe"]
 
 
-def backends(dtype: torch.dtype, capability: tuple[int, int]) -> list[tuple[str, bool]]:
-    """(attention, supported here) for `dtype`: flash-attn 4 runs half precision on compute capability >= 8."""
-    if dtype == torch.float32:
-        return [("torch", True), ("triton", True)]
-    return [("torch", True), ("flash", capability >= (8, 0)), ("triton", True)]
+def backends(dtype: torch.dtype, capability: tuple[int, int], attentions) -> list[tuple[str, bool]]:
+    """(attention, supported here) for `dtype`, of the `attentions` asked for: flash-attn 4 runs half precision
+    on compute capability >= 8."""
+    allowed = [("torch", True), ("triton", True)]
+    if dtype != torch.float32:
+        allowed.insert(1, ("flash", capability >= (8, 0)))
+    return [(attention, supported) for attention, supported in allowed if attention in attentions]
 
 
 def task_calls(head: str) -> dict[str, Callable[[Engine], np.ndarray]]:
@@ -61,18 +67,21 @@ def _by_index(pairs: list[tuple[int, float]]) -> np.ndarray:
 
 
 def hidden_batches(vocab_size: int) -> dict[str, list[list[int]]]:
-    """A reranking-like batch (shared template, two queries, passages, an exact duplicate) and item 3's case."""
+    """A reranking-like batch (shared template, two queries, passages, an exact duplicate), item 3's case,
+    duplicates of prefixes, and more than 256 blocks in every mode (`many_blocks_batch`)."""
     rng = np.random.default_rng(2)
     draw = lambda n: rng.integers(0, vocab_size, n).tolist()  # noqa: E731
     template, queries = draw(40), [draw(12), draw(9)]
     sequences = [template + queries[i % 2] + draw(int(rng.integers(5, 60))) for i in range(8)]
     return {"9 seqs, shared prefixes + duplicate": sequences + [list(sequences[3])],
             "[[7], [7]] (duplicate, one query)": [[7], [7]],
-            "duplicates + prefixes": [template[:20], template, template[:20], template, template[:1]]}
+            "duplicates + prefixes": [template[:20], template, template[:20], template, template[:1]],
+            "> 256 blocks": many_blocks_batch()}
 
 
-def engine_checks(report: Report) -> None:
+def engine_checks(report: Report, attentions) -> None:
     """Hidden states of each dtype x backend x mode against the float64 CPU engine, on the head_dim 128 model."""
+    report.section("Engine against a CPU float64 engine (error relative to max abs value)", CHECK_COLUMNS)
     capability = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(Path(tmp) / "base", "qwen3", "base", **MODEL))
@@ -81,7 +90,7 @@ def engine_checks(report: Report) -> None:
         batches = hidden_batches(reference.arch.vocab_size)
         expected = {name: torch.cat(reference.hidden_states(seqs)) for name, seqs in batches.items()}  # (N, hidden)
         for dtype in DTYPES:
-            for attention, supported in backends(dtype, capability):
+            for attention, supported in backends(dtype, capability, attentions):
                 for mode in MODES:
                     engine = _engine(report, model_dir, dtype, attention, mode, supported)
                     for name, seqs in batches.items():
@@ -91,8 +100,9 @@ def engine_checks(report: Report) -> None:
                                            lambda: _relative(torch.cat(engine.hidden_states(seqs)), expected[name]))
 
 
-def task_checks(report: Report) -> None:
+def task_checks(report: Report, attentions) -> None:
     """Every task head on CUDA (each dtype x backend, `full` mode) against the float64 CPU engine."""
+    report.section("Task heads against a CPU float64 engine (error relative to max abs value)", CHECK_COLUMNS)
     capability = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
         for head in ("causal_lm", "seq_cls"):
@@ -102,7 +112,7 @@ def task_checks(report: Report) -> None:
             expected = {task: want for task, call in task_calls(head).items()
                         if (want := _reference(report, task, call, reference)) is not None}
             for dtype in DTYPES:
-                for attention, supported in backends(dtype, capability):
+                for attention, supported in backends(dtype, capability, attentions):
                     engine = _engine(report, model_dir, dtype, attention, "full", supported)
                     for task, want in expected.items():
                         if engine is not None:
@@ -110,6 +120,54 @@ def task_checks(report: Report) -> None:
                             report.guarded(f"task {task} attention={attention}", f"{head}, D=128, duplicates",
                                            _name(dtype), ENGINE_TOLERANCE[dtype],
                                            lambda: _relative_np(call(engine), want))
+
+
+def warmup_timings(report: Report, attentions) -> None:
+    """`Engine.warm_up` on CUDA in bf16, radix auto, per compiling backend asked for: the seconds a replica spends
+    before it reports ready. The model has Qwen3-0.6B's attention shape for flash-attn 4 (head_dim 128, 2 query
+    heads per kv head), so it compiles the kernels a Qwen3-Reranker-0.6B replica compiles. A cold figure needs a
+    fresh process and empty caches; run again, it reads the persistent caches (bench/gpu_run.sh does both). For
+    flash-attn, then a check that the engine section's batches compile nothing more."""
+    report.section("Engine.warm_up: every kernel variant compiled before serving", TIMING_COLUMNS)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(make_tiny_model(Path(tmp) / "base", "qwen3", "base", **MODEL))
+        for attention in (a for a in ("triton", "flash") if a in attentions):
+            warmed: dict[str, Engine] = {}
+            report.timed(f"Engine.warm_up attention={attention}", "bf16, radix auto, D=128, 4/2 heads",
+                         lambda: _warm_up_ms(model_dir, attention, warmed))
+            if attention == "flash" and warmed:
+                report.guarded("flash-attn 4 kernels compiled after Engine.warm_up", "the engine section's "
+                               "batches, radix auto", "bf16", 0.0, lambda: _compiles_after(warmed["engine"]))
+
+
+def _warm_up_ms(model_dir: str, attention: str, warmed: dict[str, Engine]) -> tuple[float, str]:
+    cached = _cached_files()
+    engine = Engine.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16, attention=attention)
+    seconds = engine.warm_up()
+    warmed["engine"] = engine
+    return seconds * 1e3, f"{seconds:.1f} s, ran {engine.backend.name}; files in the compile caches before: {cached}"
+
+
+def _compiles_after(engine: Engine) -> float:
+    """How many kernels flash-attn 4 compiles (or loads) for the engine section's batches after the warm-up: its
+    forward's and its scheduler helpers' in-memory caches (`flash_attn.cute.interface`), counted around them."""
+    from flash_attn.cute import interface
+
+    caches = [f.compile_cache.cache for f in (interface._flash_attn_fwd, interface._compute_tile_cumsum,
+                                              interface._compute_blocks_to_batch)]
+    before = sum(map(len, caches))
+    for sequences in hidden_batches(engine.arch.vocab_size).values():
+        engine.hidden_states(sequences)
+    return float(sum(map(len, caches)) - before)
+
+
+def _cached_files() -> str:
+    """Files in Triton's and (when enabled) flash-attn 4's persistent compile caches: 0 before a cold start."""
+    dirs = {"triton": os.environ.get("TRITON_CACHE_DIR", str(Path.home() / ".triton" / "cache"))}
+    if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1":
+        default = Path(tempfile.gettempdir()) / getpass.getuser() / "flash_attention_cute_dsl_cache"
+        dirs["flash-attn"] = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(default))
+    return ", ".join(f"{name} {sum(len(files) for *_, files in os.walk(path))}" for name, path in dirs.items())
 
 
 def _reference(report: Report, task: str, call, reference: Engine) -> np.ndarray | None:

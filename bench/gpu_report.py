@@ -66,7 +66,24 @@ class Report:
         try:
             self.check(Check(name, shape, dtype, measure(), tolerance))
         except Exception as err:  # a crash is a finding (e.g. a kernel refusing a shape); the others go on
-            self.check(Check(name, shape, dtype, None, tolerance, f"{type(err).__name__}: {str(err)[:100]}"))
+            self.check(Check(name, shape, dtype, None, tolerance, _reason(err)))
+
+    def timed(self, name: str, shape: str, measure: Callable[[], tuple[float, str]]) -> None:
+        """Run `measure() -> (ms, note)` as one timing; an exception is recorded as that timing's failure, and
+        the timings after it still run."""
+        try:
+            ms, note = measure()
+        except Exception as err:
+            self.failures += 1
+            self._write(f"| {name} | {shape} | - | FAIL ({_reason(err)}) |")
+            return
+        self.timing(Timing(name, shape, ms, note))
+
+    def failed(self, part: str, err: Exception) -> None:
+        """A part that raised outside its guarded checks and timings (e.g. while building its inputs): counted as
+        a failure; the run goes on with the next part."""
+        self.failures += 1
+        self._write("", f"**{part} stopped**: {_reason(err)}")
 
     def close(self, seconds: float) -> None:
         self._write("", f"Finished in {seconds:.0f} s; {self.failures} failed or not run. "
@@ -78,6 +95,10 @@ class Report:
             print(line, flush=True)
             self._file.write(line + "\n")
         self._file.flush()
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err)[:100]}"
 
 
 CHECK_COLUMNS = ["check", "shape", "dtype", "max error", "tolerance", "result"]

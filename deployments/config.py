@@ -217,6 +217,13 @@ class AppArgs(_Settings):
     ingress_cpus: float | None = Field(
         None, ge=0.0, description="CPUs reserved per ingress replica, which tokenizes every request. Default: 1 "
                                   "with GPUs, 0.25 on CPU (the engine needs the cores more).")
+    engine_health_check_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds an engine replica's health probe may take before it counts as failed (Ray "
+                                "Serve's health_check_timeout_s, default 30; Serve replaces a replica after 3 "
+                                "failed probes in a row, one every 10 s). A flash-attn 4 compile holds the GIL "
+                                "(flash-attention#2635), so a kernel compiling after start-up keeps the probe from "
+                                "answering: 60 s survives about 3 minutes of compiling. Start-up itself (the "
+                                "warm-up in EngineReplica's constructor) is not probed and has no timeout in Serve.")
     engine_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
                                              description="Engine replica count or autoscaling.")
     ingress_replicas: ReplicaSettings = Field(default_factory=lambda: ReplicaSettings(num_replicas=1),
@@ -225,7 +232,8 @@ class AppArgs(_Settings):
     served_model_name: str | None = Field(
         None, min_length=1, description="The name clients send as `model` (Cohere, OpenAI, Jina) and that /info and "
                                         "Info report; a request naming a model other than this or `model` gets "
-                                        "404. Unset: `model`.")
+                                        "404. Unset: `model` for a hub id, the directory's name for a local "
+                                        "directory (Info never shows a filesystem path).")
     primary_task: Literal["rerank", "embed", "classify"] | None = Field(
         None, description="The model's main task, reported as TEI's model_type by /info and tei.v1 Info "
                           "(tei-client reranks only on a reranker, embeds only on an embedding model); every task "
@@ -304,8 +312,9 @@ class AppArgs(_Settings):
         return int((cluster_cpus - ingress) // engine_cpus)
 
     def engine_options(self, cluster_gpus: float, node_cpus: float, cluster_cpus: float | None = None) -> dict[str, Any]:
-        """`Deployment.options()` for the engine: replicas, routing, queue bounds, and the actor's resources. With
-        `cluster_cpus`, CPU autoscaling never reaches for more replicas than the cluster can place."""
+        """`Deployment.options()` for the engine: replicas, routing, queue bounds, health timeout, and the actor's
+        resources. With `cluster_cpus`, CPU autoscaling never reaches for more replicas than the cluster can
+        place."""
         accelerator = self.resolved_accelerator(cluster_gpus)
         most = None if cluster_cpus is None else self.placeable_engine_replicas(cluster_gpus, node_cpus, cluster_cpus)
         replicas = self.engine_replicas if most is None else self.engine_replicas.capped(most)
@@ -314,6 +323,7 @@ class AppArgs(_Settings):
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": -1 if self.max_queued_requests is None else self.max_queued_requests,
             "request_router_config": self.router.to_request_router_config(),
+            "health_check_timeout_s": self.engine_health_check_timeout_s,
             "ray_actor_options": {"num_cpus": self.resolved_engine_cpus(cluster_gpus, node_cpus),
                                   "num_gpus": 1 if accelerator == "gpu" else 0},
         }

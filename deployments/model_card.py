@@ -26,8 +26,9 @@ SENTENCE_TRANSFORMERS_FILE = "modules.json"
 
 @dataclass(frozen=True)
 class ModelCard:
-    """`served_model_name`: what requests may name besides `model` (the path or hub id loaded); `labels`: the
-    score head's `id2label` in id order, empty without a sequence-classification head."""
+    """`served_model_name`: what requests may name besides `model` (the path or hub id loaded), and the only name
+    Info and /info show; `labels`: the score head's `id2label` in id order, empty without a sequence-classification
+    head."""
 
     model: str
     served_model_name: str
@@ -49,7 +50,13 @@ def model_card(model: str, served_model_name: str | None, primary_task: str | No
     """The card of `model` (its `TaskContext`; no weights), with the configured name and task when set."""
     labels = context.labels if context.head == "seq_cls" else ()
     task = primary_task or default_primary_task(model, context, len(labels))
-    return ModelCard(model, served_model_name or model, task, labels)
+    return ModelCard(model, served_model_name or public_name(model), task, labels)
+
+
+def public_name(model: str) -> str:
+    """What clients see of `model` when no served name is set: a hub id as it is, a local directory by its name only
+    (its filesystem path is the server's business)."""
+    return Path(model).name if Path(model).is_dir() else model
 
 
 def default_primary_task(model: str, context: TaskContext, num_labels: int) -> str:

@@ -150,7 +150,7 @@ class TorchAttention(AttentionBackend):
             vs = v[rows].view(-1, length, kv_heads, dim).transpose(1, 2)  # (G, Hkv, L, D)
             o, l = _attention_with_lse(qs, ks, vs, True, scale)  # (G, Hq, L, D), (G, Hq, L)
             out[rows] = o.transpose(1, 2).reshape(-1, heads, dim)
-            lse[rows] = l.transpose(1, 2).reshape(-1, heads)
+            lse[rows] = l.transpose(1, 2).reshape(-1, heads).float()  # float64 inputs give a float64 lse
         return out, lse
 
     def prefix_blocks(self, q, k, v, blocks, scale):
@@ -252,10 +252,13 @@ _FLASH_INSTALL = "pip install 'radixserve[gpu]' (flash-attn-4 with its CUDA 13 C
 
 
 def make_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """Pick the attention backend. "auto": torch on the CPU; on CUDA flash-attn (half precision, when it imports),
-    else the Triton kernels, saying why in the log when flash-attn was wanted but does not import. Which of
-    flash and Triton is faster on which GPU is what `bench/gpu_check.py` measures (bench/results/gpu/NOTES.md);
-    until a GPU run says otherwise, flash-attn comes first."""
+    """Pick the attention backend. "auto": torch on the CPU; on CUDA flash-attn (half precision, when it loads),
+    else the Triton kernels, saying why in the log when flash-attn was wanted but does not load: not installed,
+    or installed without its native libraries, or refused by the CuTe DSL loader (a `RuntimeError`: "install is
+    incomplete", "no compatible toolkit flavor"). A kernel that then fails to compile falls back the same way in
+    `Engine.warm_up` (`fallback_backend`). Which of flash and Triton is faster on which GPU is what
+    `bench/gpu_check.py` measures (bench/results/gpu/NOTES.md); until a GPU run says otherwise, flash-attn comes
+    first."""
     if name not in ATTENTION_CHOICES:
         raise ValueError(f"unknown attention backend {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
     if name == "torch" or (name == "auto" and device.type != "cuda"):
@@ -269,10 +272,29 @@ def make_backend(name: str, device: torch.device, dtype: torch.dtype) -> Attenti
         return TritonAttention(device)
     try:
         return FlashAttention()
-    except (ImportError, OSError) as err:  # not installed, or installed without its native libraries
+    except Exception as err:  # any failure to load: ImportError, OSError, the CuTe DSL loader's RuntimeError
         if name == "flash":
-            raise ValueError(f"attention='flash' needs flash-attn 4, which does not import ({err}): "
+            raise ValueError(f"attention='flash' needs flash-attn 4, which does not import ({_reason(err)}): "
                              f"{_FLASH_INSTALL}") from err
         log.warning("attention='auto' uses the Triton kernels: flash-attn 4 does not import (%s); for flash-attn, "
-                    "%s", err, _FLASH_INSTALL)
+                    "%s", _reason(err), _FLASH_INSTALL)
     return TritonAttention(device)
+
+
+def fallback_backend(requested: str, failed: AttentionBackend, device: torch.device,
+                     err: Exception) -> AttentionBackend:
+    """The backend to use after `failed` raised `err` in its first calls (`Engine.warm_up`), e.g. flash-attn 4
+    failing to compile for this GPU or toolkit: the Triton kernels, saying why in the log, when flash-attn was
+    only preferred (`attention="auto"`). A backend asked for by name, or one with nothing to fall back to,
+    raises: flash-attn with what to do, the others with `err` itself."""
+    if failed.name != "flash":
+        raise err
+    if requested != "auto":
+        raise ValueError(f"attention={requested!r}: flash-attn 4 failed its first call ({_reason(err)}); set "
+                         f"attention='auto' to fall back to the Triton kernels, or attention='triton'") from err
+    log.warning("attention='auto' uses the Triton kernels: flash-attn 4 failed its first call (%s)", _reason(err))
+    return TritonAttention(device)
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {err}"

@@ -1,6 +1,7 @@
 """`Engine`: a transformers checkpoint run over ragged batches, with shared prefixes computed once.
 
     engine = Engine.from_pretrained("Qwen/Qwen3-Reranker-0.6B")
+    engine.warm_up()  # on a GPU: compile every attention kernel variant now, not in the first requests
     states = engine.hidden_states([[1, 2, 3], [1, 2, 4]])  # each (L_i, hidden), final-normed
     ranked = engine.rerank("what is a radix tree", ["A trie ...", "Bread ..."]).results
 
@@ -14,6 +15,7 @@ Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,9 +24,9 @@ import torch
 
 from radix_core import tasks as text_tasks
 from radix_core.architectures import Architecture, load_architecture
-from radix_core.attention import make_backend
+from radix_core.attention import fallback_backend, make_backend
 from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
-from radix_core.forward import plan_compact, plan_ragged, run_layers
+from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
 from radix_core.forward_result import ForwardResult
 from radix_core.tasks import TaskConfig, TaskContext, TaskJob, finish_jobs, task_of
 from radix_core.tasks.context import task_context
@@ -32,6 +34,8 @@ from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 from radix_core.tokens import TokenSequences
 
 DEFAULT_RADIX_THRESHOLD = 0.9
+WARM_UP_LONG = 512  # rows of warm_up's long blocks: past every flash-attn 4 query tile (at most 2 x 192 rows)
+WARM_UP_MANY = 257  # blocks of warm_up's many-block batches: past flash-attn 4's BIN_BATCH_SEARCH_THRESH (256)
 
 
 class Engine:
@@ -49,6 +53,7 @@ class Engine:
         self.dtype = dtype
         self.radix = radix
         self.radix_threshold = radix_threshold
+        self.attention = attention  # as asked for; `backend` is what runs
         self.backend = make_backend(attention, device, dtype)
         self.model = model
         self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one
@@ -97,6 +102,55 @@ class Engine:
         if torch.ones(1, device=self.device).add_(1).item() != 2:
             raise RuntimeError(f"device {self.device} computed 1 + 1 wrong")
 
+    def warm_up(self) -> float:
+        """Run every attention kernel variant this engine's batches can select once, so that kernels compile now
+        rather than in the first requests; returns the seconds it took. Call it before serving (`EngineReplica`
+        does, before it reports ready).
+
+        On a GPU each kernel compiles at its first call: flash-attn 4 per (call, dtype, tile and scheduler
+        choice), in-process and holding the GIL, and Triton per call kind. The variants a batch selects depend on
+        its shape, so the batches of `warm_up_batches` cover them all: the causal and the prefix call, short
+        blocks and one past every query tile, few blocks and more than 256, in each mode this engine runs (`off`
+        and `full` for radix "auto"), in the engine's dtype. They run through the attention backend alone, on
+        random q/k/v of the model's head shape (50 ms on a CPU with the tiny test model: nothing compiles there;
+        Triton's interpreter, for tests only, takes minutes), then one small batch runs through the whole model.
+        When flash-attn was only preferred (`attention="auto"`) and one of its kernels fails, the engine falls
+        back to the Triton kernels (`fallback_backend`, logged once) and warms those.
+
+        flash-attn 4 keeps its kernels in memory only, unless `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1` (then in
+        `FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`); Triton keeps them in `TRITON_CACHE_DIR` (default
+        `~/.triton/cache`). With both on a persistent disk a restart loads instead of compiling (the Dockerfile
+        sets them; bench/results/gpu/NOTES.md has the timings).
+        """
+        started = time.perf_counter()
+        try:
+            self._warm_attention()
+        except Exception as err:  # a kernel that does not compile here: Triton, if flash-attn was only preferred
+            self.backend = fallback_backend(self.attention, self.backend, self.device, err)
+            self._warm_attention()
+        self.forward([[1, 2, 3], [1, 2, 4]])
+        self.check_device()  # waits for the queued work
+        return time.perf_counter() - started
+
+    @torch.inference_mode()
+    def _warm_attention(self) -> None:
+        """Each batch of `warm_up_batches` in each mode this engine runs, through the attention backend on random
+        q/k/v (seeded, the global generator left alone) of the first layer's head shape, in the engine's dtype."""
+        attn = self.arch.layers[0].self_attn
+        heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+        generator = torch.Generator(self.device).manual_seed(0)
+
+        def random(rows: int, num_heads: int) -> torch.Tensor:
+            out = torch.randn(rows, num_heads, attn.head_dim, generator=generator, device=self.device)  # (R, H, D)
+            return out.to(self.dtype)
+
+        for sequences in warm_up_batches(self.arch.max_seq_len):
+            for mode in ("off", "full") if self.radix == "auto" else (self.radix,):
+                plan = self._plan(self.prepare(sequences, mode))
+                rows = plan.num_rows
+                self.backend(random(rows, heads), random(rows, kv_heads), random(rows, kv_heads), plan.attention,
+                             attn.scaling)
+
     def prepare(self, sequences: TokenSequences | Sequence[Sequence[int]], mode: str | None = None) -> PreparedBatch:
         """The CPU half of a forward: check, index and choose the mode (`radix_core.batch.prepare_batch`)."""
         return prepare_batch(sequences, self.radix if mode is None else mode, self.limits)
@@ -104,11 +158,14 @@ class Engine:
     @torch.inference_mode()
     def run(self, prepared: PreparedBatch) -> ForwardResult:
         """The device half: lay the prepared batch out on the device and run the layers."""
-        if prepared.mode == "off":
-            plan = plan_ragged(prepared.input_ids, prepared.cu_seqlens, self.device)
-        else:
-            plan = plan_compact(prepared, self.device)
+        plan = self._plan(prepared)
         return ForwardResult(prepared, plan, run_layers(self.arch, plan, self.backend), self.arch.head_module)
+
+    def _plan(self, prepared: PreparedBatch) -> BatchPlan:
+        """The prepared batch laid out on the device for its mode."""
+        if prepared.mode == "off":
+            return plan_ragged(prepared.input_ids, prepared.cu_seqlens, self.device)
+        return plan_compact(prepared, self.device)
 
     def forward(self, sequences: Sequence[Sequence[int]], mode: str | None = None) -> ForwardResult:
         """Run a batch of token-id lists; `mode` overrides the engine's radix mode for this call."""
@@ -201,6 +258,27 @@ class Engine:
         flat = np.array([p for ps in positions for p in ps], dtype=np.int64)  # (P,)
         out = torch.from_numpy(result.head_outputs(result.rows(sequences, flat)))  # (P, out)
         return list(out.split(counts))
+
+
+def warm_up_batches(max_seq_len: int) -> list[list[list[int]]]:
+    """Token batches whose attention calls, in every mode, select each kernel variant by shape (`Engine.warm_up`).
+
+    Blocks are short (at most 3 rows) or long (`WARM_UP_LONG` rows, at most `max_seq_len` - 2): flash-attn 4
+    compiles another kernel once a block's queries times the GQA ratio pass its query tile. There are few blocks,
+    or more than 256 (`many_blocks_batch`): past 256 blocks flash-attn 4's scheduler takes a batch-lookup aid,
+    another kernel. Every sequence shares a prefix with another, so `full` mode makes prefix blocks of each kind
+    too."""
+    few_short = [[1, 2, 3], [1, 2, 4]]  # full: causal [1, 2], [3], [4]; prefix [1, 2] for 2 rows
+    few_long = [[1, 2, 3], [1, 2] + [4] * min(WARM_UP_LONG, max_seq_len - 2)]  # prefix [1, 2] for 1 + long rows
+    return [few_short, few_long, many_blocks_batch(), many_blocks_batch() + few_long]
+
+
+def many_blocks_batch(count: int = WARM_UP_MANY) -> list[list[int]]:
+    """`count` one-token prefixes, each shared by two two-token sequences: 2 x `count` blocks of 2 rows in `off`
+    and `mlp`, 3 x `count` blocks of one row in `full`'s causal call (each prefix and its two tails), `count`
+    blocks of 2 queries in its prefix call. Token ids below 3 + `count` (260 by default, inside every real
+    vocabulary)."""
+    return [[first, last] for first in range(3, 3 + count) for last in (1, 2)]
 
 
 def resolve_device(device) -> torch.device:

@@ -121,7 +121,7 @@ def test_every_rpc_returns_what_the_library_returns(open_app, engine, model_dir)
     assert_usage(reply, local)
 
     info = stub.Info(pb.InfoRequest(), timeout=30)
-    assert (info.model, info.version, list(info.tasks), info.radix) == (model_dir, radixserve.__version__,
+    assert (info.model, info.version, list(info.tasks), info.radix) == (Path(model_dir).name, radixserve.__version__,
                                                                         list(TASKS), "auto")
     assert (info.limits.max_items, info.limits.max_request_bytes) == (MAX_ITEMS, MAX_REQUEST_BYTES)
     assert info.limits.max_seq_len == engine.info["max_seq_len"] and info.family == "qwen3"
