@@ -171,6 +171,14 @@ class AppArgs(_Settings):
         8192, ge=1, description="The ingress cuts a larger request into parts of at most this many tokens (whole "
                                 "items), sent together in one call and admitted together; the batcher fills "
                                 "batches with parts.")
+    client_input_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Seconds the ingress waits for a client's input: an HTTP body must arrive "
+                                         "in full (else 408), a tei.v1 client stream must end (else "
+                                         "DEADLINE_EXCEEDED), a bidirectional stream's next message must come (else "
+                                         "the stream ends with DEADLINE_EXCEEDED after the earlier answers). Each "
+                                         "such call holds an ingress request slot meanwhile, so slow or idle peers "
+                                         "cannot hold them all. 16 MiB (the default max_request_bytes) in 30 s needs "
+                                         "about 4.5 Mbit/s.")
     max_request_bytes: int = Field(
         16 * 1024 * 1024, ge=1, description="Largest gRPC request message the ingress accepts; larger ones get "
                                             "RESOURCE_EXHAUSTED naming this limit. Ray's gRPC proxy itself "
@@ -311,7 +319,8 @@ class AppArgs(_Settings):
         ingress = self.resolved_ingress_cpus(cluster_gpus) * self.ingress_replicas.initial_replicas
         return int((cluster_cpus - ingress) // engine_cpus)
 
-    def engine_options(self, cluster_gpus: float, node_cpus: float, cluster_cpus: float | None = None) -> dict[str, Any]:
+    def engine_options(self, cluster_gpus: float, node_cpus: float,
+                       cluster_cpus: float | None = None) -> dict[str, Any]:
         """`Deployment.options()` for the engine: replicas, routing, queue bounds, health timeout, and the actor's
         resources. With `cluster_cpus`, CPU autoscaling never reaches for more replicas than the cluster can
         place."""

@@ -54,6 +54,9 @@ class EngineReplica:
         self.engine = Engine.from_pretrained(
             args.model, device=device, dtype=args.dtype, radix=args.radix, radix_threshold=args.radix_threshold,
             attention=args.attention, tasks=args.task_config())
+        seconds = self.engine.warm_up()  # kernels compile here, before Serve marks the replica ready
+        logger.info("engine warmed up in %.1f s (attention %s, %s)", seconds, self.engine.backend.name,
+                    self.engine.dtype)
         pipelined = args.index_builder == "actor"
         self.metrics = EngineMetrics()
         self.computed_tokens = 0  # rows this replica's batches computed (the load benchmark's goodput reads it)
@@ -87,13 +90,14 @@ class EngineReplica:
         """Serve's health probe: the device must still compute (else Serve replaces the replica); a dead
         IndexBuilder is replaced here rather than failing the replica."""
         await asyncio.to_thread(self.engine.check_device)
-        if self.builder is None:
+        builder = self.builder
+        if builder is None:
             return
         try:
-            await asyncio.wait_for(self.builder.ping.remote(), timeout=10)
+            await asyncio.wait_for(builder.ping.remote(), timeout=10)  # answered while a build runs
         except (RayActorError, asyncio.TimeoutError):
             logger.warning("IndexBuilder did not answer its health ping; starting a new one")
-            self._replace_builder("health")
+            self._replace_builder(builder, "health")
 
     def _new_builder(self):
         """A new IndexBuilder actor (no CPU reserved: it shares the replica's), named after the replica and its
@@ -103,17 +107,23 @@ class EngineReplica:
         actor = ray.remote(num_cpus=0, name=name, lifetime=None)(IndexBuilder)
         return actor.remote(self.engine.limits, self.args.radix)
 
-    def _replace_builder(self, reason: str) -> None:
+    def _replace_builder(self, failed, reason: str) -> None:
+        """Kill the IndexBuilder `failed` and start a new one, unless `failed` was replaced already (the health
+        probe and a failing build can both find the same builder dead): its replacement is kept."""
+        if failed is not self.builder:
+            return
         self.metrics.restarted(reason)
-        ray.kill(self.builder, no_restart=True)
+        ray.kill(failed, no_restart=True)
         self.builder = self._new_builder()
 
     async def _build(self, jobs: list[TaskJob]) -> tuple[list[TaskJob], PreparedBatch]:
+        """The batch built by the IndexBuilder; when the builder dies meanwhile, built again on its replacement."""
+        builder = self.builder
         try:
-            return jobs, await self.builder.build.remote(jobs)
+            return jobs, await builder.build.remote(jobs)
         except RayActorError:
-            logger.warning("IndexBuilder died while building a batch; starting a new one and retrying")
-            self._replace_builder("build")
+            logger.warning("IndexBuilder died while building a batch; retrying on a new one")
+            self._replace_builder(builder, "build")
             return jobs, await self.builder.build.remote(jobs)
 
     async def _run(self, built: tuple[list[TaskJob], PreparedBatch]) -> list[Any]:

@@ -5,9 +5,16 @@ One actor per engine replica, created by it. For a batch of jobs (token ids, enc
 ingress) it concatenates their sequences, checks them against the model's limits, builds the radix index and
 resolves the radix mode (`radix_core.batch.prepare_batch`). The replica runs batch k on the device while this
 actor builds batch k+1.
+
+It is an async actor that builds in a worker thread, so its `ping` (the replica's health probe of it) is answered
+while a build runs: a synchronous actor runs one method at a time, and a long build would get a healthy builder
+replaced. (The Rust trie builder holds the GIL for its one call, about 0.2 s per 2 M tokens; the rest releases it
+often.)
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from radix_core.batch import BatchLimits, PreparedBatch, prepare_batch
 from radix_core.tasks import TaskJob
@@ -29,8 +36,8 @@ class IndexBuilder:
         self.radix = radix
         self.totals = {"batches": 0, "requests": 0, "tokens": 0, "compact_tokens": 0}
 
-    def build(self, jobs: list[TaskJob]) -> PreparedBatch:
-        prepared = build_batch(self.limits, self.radix, jobs)
+    async def build(self, jobs: list[TaskJob]) -> PreparedBatch:
+        prepared = await asyncio.to_thread(build_batch, self.limits, self.radix, jobs)
         self.totals["batches"] += 1
         self.totals["requests"] += len(jobs)
         self.totals["tokens"] += prepared.num_tokens

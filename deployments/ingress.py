@@ -1,7 +1,8 @@
 """`Ingress`: the CPU front door. Validates, renders and tokenizes each request exactly once, derives its prefix
 key from the token ids, cuts it into token-bounded parts that keep that key, sends them to the engine deployment
-in one call (`EngineRequest`: admitted, refused and cancelled as one) and merges the answers. Every bad-input error is raised here, before anything is queued; the CPU work
-(tokenizing, merging, protobuf conversion) runs in worker threads, never on the event loop.
+in one call (`EngineRequest`: admitted, refused and cancelled as one) and merges the answers. Every bad-input error
+is raised here, before anything is queued; the CPU work (tokenizing, merging, protobuf conversion) runs in worker
+threads, never on the event loop.
 
 Two faces: `call(task, request_dict)` for DeploymentHandle callers, and methods named after the gRPC calls
 (`Rerank`, ... for every task in `radix_core.tasks.TASKS`, named by `Task.rpc`; `Info`; `Check`, `List`, `Watch`
@@ -19,6 +20,11 @@ to one engine replica, where the batcher puts the parts of one prefix into one b
 A call cancelled by its client (a gRPC deadline or cancel, an HTTP disconnect: Ray Serve cancels the ingress call
 and the engine call it awaits) leaves the engine's queue; a call made of several task calls (a tei.v1 stream over
 several queries) cancels the others when one fails.
+
+Ray's gRPC proxy gives a tei.v1 stream one of the replica's `ingress_max_ongoing_requests` slots from its start,
+before any message arrives. So a stream's key is checked from its metadata before a message is read, and its input
+is bounded in time (`client_input_timeout_s`): peers without a key, or idle ones, cannot hold the slots of other
+calls.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import message_factory
@@ -49,6 +55,7 @@ from deployments.grpc_status import retry_after_s, status_of
 from deployments.http import build_app
 from deployments.metrics import API_GRPC, API_TEI_GRPC, IngressMetrics, count_usage
 from deployments.model_card import model_card
+from radix_core.errors import RequestError
 from radix_core.tasks import TASKS, Task, TaskJob, load_task_context, task_of
 from radixserve import __version__
 from radixserve.client import RETRY_AFTER_KEY
@@ -63,9 +70,17 @@ INFO_REPLIES = {pb.InfoRequest: (pb.InfoResponse, grpc_codec.info_to_pb, API_GRP
                 tei.InfoRequest: (tei.InfoResponse, tei_grpc.info_to_pb, API_TEI_GRPC)}
 TEI_STREAM_WINDOW = 64  # messages of one bidirectional tei.v1 stream answered at once (the engine batches them)
 
-
 class TeiStreamEnded(Exception):
     """Ends a bidirectional tei.v1 stream at a message's refusal or error; its status is already on the context."""
+
+
+class StreamRefused(Exception):
+    """A tei.v1 stream refused while it is read, with a status other than a bad request's: more bytes than one call
+    may have (RESOURCE_EXHAUSTED), input that did not come within client_input_timeout_s (DEADLINE_EXCEEDED)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
 
 
 def prefix_key(job: TaskJob) -> str | None:
@@ -108,6 +123,34 @@ def _task_rpc_method(task: Task) -> Callable:
     return method
 
 
+async def _each_within(messages: AsyncIterator[Message], timeout_s: float) -> AsyncIterator[Message]:
+    """A stream's messages, each within `timeout_s` of the one before (the first of the start); StreamRefused with
+    DEADLINE_EXCEEDED for one that does not come in time."""
+    stream = aiter(messages)
+    while True:
+        try:
+            message = await asyncio.wait_for(anext(stream), timeout_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise StreamRefused(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no message came on the stream for {timeout_s:g} s, the most the server waits: send "
+                                "a stream's messages without pauses, and close it when done") from None
+        yield message
+
+
+def _log_refusal(code: grpc.StatusCode, details: str) -> None:
+    """One WARNING line for a call refused for a reason the client can fix (no stack trace)."""
+    logger.warning("request %s refused: %s: %s", request_ids.current(), code.name, details)
+
+
+def _end_stream(grpc_context: RayServegRPCContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    """End a bidirectional stream with `code` (Ray sends the code set on the context when the method raises)."""
+    grpc_context.set_code(code)
+    grpc_context.set_details(details)
+    raise TeiStreamEnded(details)
+
+
 def _with_task_rpcs(cls: type) -> type:
     """`cls` with one gRPC method per task in the registry, named after `Task.rpc`."""
     for task in TASKS.values():
@@ -125,7 +168,7 @@ def _tei_rpc_method(rpc: MethodDescriptor) -> Callable:
                 yield reply
     elif rpc.client_streaming:
         async def method(self: Ingress, requests: AsyncIterator[Message], grpc_context: RayServegRPCContext):
-            return await self._tei_rpc(call, await self._gathered(requests), grpc_context)
+            return await self._tei_stream(call, requests, grpc_context)
     else:
         async def method(self: Ingress, request: Message, grpc_context: RayServegRPCContext):
             return await self._tei_rpc(call, request, grpc_context)
@@ -172,7 +215,7 @@ class Ingress:
         return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.max_items_per_request,
                 "max_tokens_per_item": self.context.token_limit, "max_request_tokens": self.args.max_request_tokens,
                 "max_request_bytes": self.args.max_request_bytes, "submitted_parts": self.submitted_parts,
-                **self.card.info()}
+                **self.card.info(), "model": self.card.served_model_name}
 
     def __serve_build_asgi_app__(self):
         """The HTTP API on port 8000 (`deployments.http`), built by Ray Serve after the constructor."""
@@ -219,12 +262,23 @@ class Ingress:
             return await asyncio.to_thread(grpc_codec.to_pb, task, result)
         return await self._rpc(request, grpc_context, grpc_codec.response_type(task), answer, task.name, API_GRPC)
 
-    async def _tei_rpc(self, call: tei_grpc.TeiCall, request: Message | list[Message],
+    async def _tei_rpc(self, call: tei_grpc.TeiCall, request: Message | None,
                        grpc_context: RayServegRPCContext) -> Message:
-        """One tei.v1 call: a message, or a client stream's messages."""
+        """One tei.v1 call of a message (None: a stream refused by its key, which `_refusal` answers before
+        `answer` could run)."""
         async def answer() -> Message:
             return await self._tei_answer(call, request, Priority.parse(_metadata_priority(grpc_context)))
         return await self._rpc(request, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
+
+    async def _tei_stream(self, call: tei_grpc.TeiCall, requests: AsyncIterator[Message],
+                          grpc_context: RayServegRPCContext) -> Message:
+        """A tei.v1 client stream, answered once as one call of all its messages: its key is checked from the
+        metadata before a message is read (`_refusal`), then its messages are read within the limits
+        (`_gathered`)."""
+        async def answer() -> Message:
+            messages = await self._gathered(requests)
+            return await self._tei_answer(call, messages, Priority.parse(_metadata_priority(grpc_context)))
+        return await self._rpc(None, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
     async def _tei_answer(self, call: tei_grpc.TeiCall, request: Message | list[Message],
                           priority: Priority) -> Message:
@@ -242,48 +296,81 @@ class Ingress:
     async def _tei_each(self, call: tei_grpc.TeiCall, requests: AsyncIterator[Message],
                         grpc_context: RayServegRPCContext) -> AsyncIterator[Message]:
         """A bidirectional tei.v1 stream: each message answered as its unary call would be (key, size, status), up
-        to TEI_STREAM_WINDOW at once, replies in message order. The first refusal or error ends the stream with its
-        status (Ray sends the code set on the context when the method raises)."""
-        pending: asyncio.Queue[tuple[RayServegRPCContext, asyncio.Task] | None] = asyncio.Queue(TEI_STREAM_WINDOW)
+        to TEI_STREAM_WINDOW at once, replies in message order. A stream without a valid key is refused before a
+        message is read; the first refusal or error, or a next message that does not come within
+        `client_input_timeout_s`, ends the stream with its status. However the stream ends, its reader and answers
+        are finished (cancelled if still running) before this returns: no task outlives it."""
+        if self.api_keys.refusal(grpc_context.invocation_metadata()) is not None:
+            await self._tei_rpc(call, None, grpc_context)  # answered and metered as one refused call
+            raise TeiStreamEnded(grpc_context.details())
+        window = asyncio.Semaphore(TEI_STREAM_WINDOW)
+        answers: asyncio.Queue[tuple[RayServegRPCContext, asyncio.Task] | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()  # answers not finished yet
 
         async def read() -> None:
             try:
-                async for message in requests:
+                async for message in _each_within(requests, self.args.client_input_timeout_s):
+                    await window.acquire()
                     context = copy.copy(grpc_context)  # each message's own status
-                    await pending.put((context, asyncio.create_task(self._tei_rpc(call, message, context))))
+                    answer = asyncio.create_task(self._tei_rpc(call, message, context))
+                    running.add(answer)
+                    answer.add_done_callback(running.discard)
+                    answers.put_nowait((context, answer))
             finally:
-                await pending.put(None)
+                answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
-            while (item := await pending.get()) is not None:
+            while (item := await answers.get()) is not None:
                 context, answer = item
                 reply = await answer
+                window.release()
                 if context.code() not in (None, grpc.StatusCode.OK):
-                    grpc_context.set_code(context.code())
-                    grpc_context.set_details(context.details())
-                    raise TeiStreamEnded(context.details())
+                    _end_stream(grpc_context, context.code(), context.details())
                 yield reply
             await reader  # the stream's own error, if reading it failed
+        except StreamRefused as refusal:
+            _log_refusal(refusal.code, str(refusal))
+            _end_stream(grpc_context, refusal.code, str(refusal))
         finally:
-            reader.cancel()
-            while not pending.empty():
-                item = pending.get_nowait()
-                if item is not None:
-                    item[1].cancel()
+            left = [reader, *running]
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
 
     async def _gathered(self, requests: AsyncIterator[Message]) -> list[Message]:
-        """A client stream's messages, read until it ends or passes max_items_per_request messages or
-        max_request_bytes bytes (then its call is refused, by the task's item limit or `_refusal`)."""
-        messages, size = [], 0
-        async for message in requests:
-            messages.append(message)
-            size += message.ByteSize()
-            if len(messages) > self.args.max_items_per_request or size > self.args.max_request_bytes:
-                break
+        """All of a client stream's messages, or StreamRefused before anything is computed, so no message is ever
+        dropped: DEADLINE_EXCEEDED when the stream has not ended within client_input_timeout_s of its start, else
+        `_read_whole`'s refusals."""
+        messages: list[Message] = []
+        timeout_s = self.args.client_input_timeout_s
+        try:
+            await asyncio.wait_for(self._read_whole(requests, messages), timeout_s)
+        except asyncio.TimeoutError:
+            raise StreamRefused(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"the stream did not end within {timeout_s:g} s, the most the server waits for one "
+                                f"({len(messages)} messages came): send its messages without pauses and close it"
+                                ) from None
         return messages
 
-    async def _rpc(self, request: Message | list[Message], grpc_context: RayServegRPCContext, response: type[Message],
+    async def _read_whole(self, requests: AsyncIterator[Message], messages: list[Message]) -> None:
+        """Append the stream's messages to `messages`: a RequestError at message max_items_per_request + 1 (the
+        rest is not read: each message is a round trip to the proxy, and empty ones cost no bytes), StreamRefused
+        with RESOURCE_EXHAUSTED once they pass max_request_bytes together."""
+        most, limit, size = self.args.max_items_per_request, self.args.max_request_bytes, 0
+        async for message in requests:
+            if len(messages) == most:
+                raise RequestError(f"the stream has more than {most} messages, the limit of one call "
+                                   "(max_items_per_request)", f"send at most {most} messages per stream",
+                                   field="messages", limit=most)
+            size += message.ByteSize()
+            if size > limit:
+                raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"the stream's messages are over {limit} bytes together, the limit of one call "
+                                    "(max_request_bytes): split them into smaller streams")
+            messages.append(message)
+
+    async def _rpc(self, request: Message | None, grpc_context: RayServegRPCContext, response: type[Message],
                    answer: Callable[[], Awaitable[Message]], task: str, api: str) -> Message:
         """`_status(...)`, metered (`IngressMetrics`: `task`, `api` and the status code) and answered with the
         call's request id (`request_ids`: the client's `x-request-id`, or Ray's), which every log line about the
@@ -295,7 +382,7 @@ class Ingress:
         request_ids.reply(grpc_context, request_id)
         return reply
 
-    async def _status(self, request: Message | list[Message], grpc_context: RayServegRPCContext,
+    async def _status(self, request: Message | None, grpc_context: RayServegRPCContext,
                       response: type[Message], answer: Callable[[], Awaitable[Message]]) -> Message:
         """`answer()` once the key and the size pass; a refusal or an error becomes the status code and message on
         `grpc_context` and an empty `response`."""
@@ -303,26 +390,29 @@ class Ingress:
         if code is None:
             try:
                 return await answer()
+            except StreamRefused as refusal:
+                code, details = refusal.code, str(refusal)
             except Exception as err:  # every error becomes a status; status_of logs the unexpected ones
                 code, details = status_of(err)
                 retry = retry_after_s(err)
                 if retry is not None:
                     grpc_context.set_trailing_metadata([(RETRY_AFTER_KEY, str(round(retry * 1000)))])
         if code != grpc.StatusCode.INTERNAL:  # the client's to fix: one line, no stack trace
-            logger.warning("request %s refused: %s: %s", request_ids.current(), code.name, details)
+            _log_refusal(code, details)
         grpc_context.set_code(code)
         grpc_context.set_details(details)
         return response()
 
-    def _refusal(self, request: Message | list[Message],
+    def _refusal(self, request: Message | None,
                  grpc_context: RayServegRPCContext) -> tuple[grpc.StatusCode | None, str | None]:
-        """UNAUTHENTICATED without a valid key, RESOURCE_EXHAUSTED over max_request_bytes (a client stream: its
-        messages together), else (None, None)."""
+        """UNAUTHENTICATED without a valid key, RESOURCE_EXHAUSTED for a message over max_request_bytes, else
+        (None, None). A stream (None) is checked by its key alone, from the metadata, before any message is read."""
         unauthenticated = self.api_keys.refusal(grpc_context.invocation_metadata())
         if unauthenticated is not None:
             return grpc.StatusCode.UNAUTHENTICATED, unauthenticated
-        messages = request if isinstance(request, list) else [request]
-        size, limit = sum(message.ByteSize() for message in messages), self.args.max_request_bytes
+        if request is None:
+            return None, None
+        size, limit = request.ByteSize(), self.args.max_request_bytes
         if size > limit:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, (f"request message is {size} bytes, over the limit of {limit} "
                                                         "bytes (max_request_bytes): split it into smaller requests")

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from google.protobuf.message import Message
-from ray.exceptions import RayError
 
 from deployments import tei as tei_fields
 from deployments.grpc_status import root_cause
+from radix_core.errors import RequestError
 from radix_core.tasks import EmbedResult, PredictResult, RerankHit, RerankResult
 from radixserve.tei.v1 import tei_pb2 as tei
 
@@ -41,7 +41,7 @@ class TeiCall(ABC):
 
     @abstractmethod
     def arguments(self, request: Any) -> list[dict[str, Any]]:
-        """The task calls that answer `request`; a ValueError names a TEI field radixserve does not serve."""
+        """The task calls that answer `request`; a RequestError names a TEI field radixserve does not serve."""
 
     @abstractmethod
     def reply(self, request: Any, results: Sequence[Any], elapsed_ns: int) -> Message:
@@ -77,7 +77,7 @@ class RerankStreamCall(TeiCall):
 
     def arguments(self, messages: Sequence[tei.RerankStreamRequest]) -> list[dict[str, Any]]:
         if not messages:
-            raise ValueError("RerankStream received no messages: send at least one (query, text)")
+            raise RequestError("RerankStream received no messages", "send at least one (query, text)")
         first = messages[0]
         return [tei_fields.rerank_arguments(query, [messages[i].text for i in indices], first.raw_scores,
                                             first.return_text, truncate, direction)
@@ -145,12 +145,10 @@ CALLS: dict[type[Message], TeiCall] = {
 
 
 def renamed(call: TeiCall, err: Exception) -> Exception:
-    """A task's ValueError with the library's argument names replaced by TEI's (`call.names`); other errors as
+    """A task's RequestError with the library's argument names replaced by TEI's (`call.names`); other errors as
     they are."""
     cause = root_cause(err)
-    if not isinstance(cause, ValueError) or isinstance(cause, RayError):
-        return err
-    return ValueError(call.names.rename(str(cause)))
+    return cause.renamed(call.names.rename) if isinstance(cause, RequestError) else err
 
 
 def rank(hit: RerankHit) -> tei.Rank:

@@ -1,7 +1,7 @@
 """A request is one unit, at the sizes the server advertises, on the default configuration (only the model is a
-small random-weight one): admitted whole, never refused for its size on an idle replica, never refused to a closed loop of
-clients, and cancelled whole when its client goes away (gRPC deadline or cancel, HTTP disconnect), so the next
-request does not wait behind work nobody will read. Documents are about 100 tokens, as in the issue that asked
+small random-weight one): admitted whole, never refused for its size on an idle replica, never refused to a closed
+loop of clients, and cancelled whole when its client goes away (gRPC deadline or cancel, HTTP disconnect), so the
+next request does not wait behind work nobody will read. Documents are about 100 tokens, as in the issue that asked
 for this."""
 
 from __future__ import annotations

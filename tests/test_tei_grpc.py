@@ -119,7 +119,8 @@ def test_tei_client_reranks_and_reads_info_on_a_reranker(deployment, engine, mod
         ("info", {}), ("rerank", {"query": QUERY, "texts": DOCS, "return_text": True}),
         ("rerank", {"query": QUERY, "texts": DOCS[:3], "raw_scores": True}), ("embed", {"text": DOCS[0]})])
     assert "error" not in info, info
-    assert (info["model_type"], info["model_id"], info["version"]) == ("reranker", model_dir, radixserve.__version__)
+    assert (info["model_type"], info["model_id"], info["version"]) == ("reranker", Path(model_dir).name,
+                                                                       radixserve.__version__)
     assert (info["max_client_batch_size"], info["model_dtype"]) == (MAX_ITEMS, "float32")
     assert info["max_input_length"] > 0 and info["max_batch_tokens"] > 0
     assert_ranks_equal(ranks, engine.rerank(QUERY, DOCS, return_documents=True), texts=True)
@@ -208,7 +209,7 @@ BAD_INPUTS = {
                  f"over the limit of {MAX_REQUEST_BYTES} bytes (max_request_bytes)"),
     "stream-empty": ("Rerank", "RerankStream", iter([]), "INVALID_ARGUMENT", "RerankStream received no messages"),
     "stream-too-many": ("Rerank", "RerankStream", iter([tei.RerankStreamRequest(query=QUERY, text="d")] * 20),
-                        "INVALID_ARGUMENT", f"{MAX_ITEMS + 1} messages are more than the limit of {MAX_ITEMS}"),
+                        "INVALID_ARGUMENT", f"the stream has more than {MAX_ITEMS} messages, the limit of one call"),
     "stream-oversize": ("Rerank", "RerankStream",
                         iter([tei.RerankStreamRequest(query=QUERY, text="x" * (MAX_REQUEST_BYTES // 2))] * 3),
                         "RESOURCE_EXHAUSTED", "(max_request_bytes)"),

@@ -7,6 +7,7 @@ the HTTP face classifies errors with the gRPC face's `status_of` rather than a s
     unauthorized      401     UNAUTHENTICATED       missing or wrong API key
     not_found         404     NOT_FOUND             a model other than the served one, an unknown path
     payload_too_large 413     -                     a body over max_request_bytes
+    request_timeout   408     DEADLINE_EXCEEDED     a body that did not all arrive within client_input_timeout_s
     overloaded        429     RESOURCE_EXHAUSTED    engine queue full: retry after `Retry-After` seconds (the
                                                     queue's drain time when the batcher knows it, else 1)
     unhealthy         503     UNAVAILABLE           the engine is starting, restarting or failed
@@ -41,15 +42,17 @@ VALIDATION = ErrorKind(422, "validation")
 UNAUTHORIZED = ErrorKind(401, "unauthorized")
 NOT_FOUND = ErrorKind(404, "not_found")
 PAYLOAD_TOO_LARGE = ErrorKind(413, "payload_too_large")
+REQUEST_TIMEOUT = ErrorKind(408, "request_timeout")
 OVERLOADED = ErrorKind(429, "overloaded")
 UNHEALTHY = ErrorKind(503, "unhealthy")
 BACKEND = ErrorKind(500, "backend")
 
-KINDS_BY_STATUS = {kind.status: kind for kind in (VALIDATION, UNAUTHORIZED, NOT_FOUND, PAYLOAD_TOO_LARGE, OVERLOADED,
-                                                  UNHEALTHY, BACKEND)}
+KINDS_BY_STATUS = {kind.status: kind for kind in (VALIDATION, UNAUTHORIZED, NOT_FOUND, PAYLOAD_TOO_LARGE,
+                                                  REQUEST_TIMEOUT, OVERLOADED, UNHEALTHY, BACKEND)}
 KIND_OF_CODE = {grpc.StatusCode.INVALID_ARGUMENT: VALIDATION, grpc.StatusCode.UNAUTHENTICATED: UNAUTHORIZED,
                 grpc.StatusCode.NOT_FOUND: NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED: OVERLOADED,
-                grpc.StatusCode.UNAVAILABLE: UNHEALTHY, grpc.StatusCode.INTERNAL: BACKEND}
+                grpc.StatusCode.DEADLINE_EXCEEDED: REQUEST_TIMEOUT, grpc.StatusCode.UNAVAILABLE: UNHEALTHY,
+                grpc.StatusCode.INTERNAL: BACKEND}
 
 
 class ApiError(HTTPException):

@@ -153,7 +153,7 @@ class TeiDialect(Dialect):
                                              body.prompt_name)
             return await service.respond(lambda: tokens)
 
-        @router.get("/info", response_model=Info, summary="TEI info: the model, its type and limits")
+        @router.get("/info", response_model=Info, summary="TEI info: the model, its type and limits", **keyed)
         async def info():
             return _info(service, await service.scorer.info())
 

@@ -1,0 +1,281 @@
+"""Hostile connections against the served application on a local Ray (Ray Serve's HTTP and gRPC proxies, one
+keyed ingress replica with the default `ingress_max_ongoing_requests` of 1,024): a flood of peers without a key that
+send headers and then nothing (HTTP bodies, tei.v1 client streams) is refused from the headers at once, so an
+authenticated call still answers; a client stream over the item limit is refused whole through the proxy; input
+that never comes is dropped after the server's bound. And the engine replica's IndexBuilder: its health ping is
+answered while a build runs, and a build on a builder the health probe already replaced keeps the replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import ray
+from ray.exceptions import RayActorError
+from serving import GrpcDeployment
+
+from deployments.engine_replica import EngineReplica
+from deployments.index_builder import IndexBuilder
+from radix_core.batch import BatchLimits
+from radixserve.tei.v1 import tei_pb2 as tei
+from radixserve.tei.v1 import tei_pb2_grpc
+
+KEY = "hostile-key"
+AUTH = [("authorization", f"Bearer {KEY}")]
+FLOOD = 1030  # over the ingress replica's 1,024 request slots
+MAX_ITEMS = 16
+DOCS = ["A trie is a prefix tree.", "Bread rises in a warm oven."]
+ANSWER_S = 20  # what an authenticated call may take while the flood is refused (2 busy CPUs)
+INPUT_TIMEOUT_S = 5.0  # client_input_timeout_s here (30 s by default): how long the server waits for input
+
+
+class Deployment(GrpcDeployment):
+    """The keyed application on both proxies: gRPC at `address`, HTTP at `http_url`."""
+
+    def __init__(self, model_dir: str, keys_file: Path):
+        super().__init__(
+            base={"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
+                  "client_input_timeout_s": INPUT_TIMEOUT_S},
+            configs={"keyed": {"api_keys_file": str(keys_file)}},
+            probe=lambda channel: tei_pb2_grpc.InfoStub(channel).Info(tei.InfoRequest(), timeout=10),
+            keyed=frozenset({"keyed"}))
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_model_dir, tmp_path_factory, start_local_ray):
+    keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys_file.write_text(KEY + "\n")
+    served = Deployment(str(tiny_model_dir("qwen3", "causal_lm")), keys_file)
+    try:
+        served.start(start_local_ray)
+        yield served.use("keyed")
+    finally:
+        served.stop()
+
+
+def authenticated_calls_answer(deployment: Deployment) -> None:
+    """A small authenticated rerank answers on HTTP and on gRPC, each within ANSWER_S."""
+    reply = httpx.post(f"{deployment.http_url}/rerank", json={"query": "what is a trie", "texts": DOCS},
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=ANSWER_S)
+    assert reply.status_code == 200 and len(reply.json()) == len(DOCS), reply.text
+    ranks = tei_pb2_grpc.RerankStub(deployment.channel).Rerank(
+        tei.RerankRequest(query="what is a trie", texts=DOCS), metadata=AUTH, timeout=ANSWER_S).ranks
+    assert len(ranks) == len(DOCS)
+
+
+async def stalled_posts(port: int, count: int, headers: str = "") -> list[tuple[asyncio.StreamReader,
+                                                                                 asyncio.StreamWriter]]:
+    """`count` connections that each send a POST's headers, declaring a 99,999-byte body, and then nothing."""
+    request = (f"POST /rerank HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}"
+               "Content-Length: 99999\r\n\r\n").encode()
+    connections = []
+    for _ in range(count):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        connections.append((reader, writer))
+    await asyncio.gather(*(writer.drain() for _, writer in connections))
+    return connections
+
+
+async def status_lines(connections, timeout_s: float) -> list[bytes]:
+    """The status line each connection got, all within `timeout_s`."""
+    return await asyncio.wait_for(asyncio.gather(*(reader.readline() for reader, _ in connections)), timeout_s)
+
+
+def close(connections) -> None:
+    for _, writer in connections:
+        writer.close()
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_flood_of_stalled_bodies_without_a_key_leaves_room_for_authenticated_calls(deployment):
+    async def flood() -> list[bytes]:
+        connections = await stalled_posts(deployment.http_port, FLOOD)
+        try:
+            lines = await status_lines(connections, 60)
+            await asyncio.to_thread(authenticated_calls_answer, deployment)  # while every stalled socket is open
+            return lines
+        finally:
+            close(connections)
+
+    lines = asyncio.run(flood())
+    assert lines == [b"HTTP/1.1 401 Unauthorized\r\n"] * FLOOD
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_idle_client_streams_without_a_key_are_refused_at_once(deployment):
+    async def flood() -> list[grpc.StatusCode]:
+        channels = [grpc.aio.insecure_channel(deployment.address) for _ in range(FLOOD // 100 + 1)]
+        try:
+            stubs = [tei_pb2_grpc.RerankStub(channel) for channel in channels]
+            calls = [stubs[i % len(stubs)].RerankStream() for i in range(FLOOD)]  # opened, never written to
+            codes = await asyncio.wait_for(asyncio.gather(*(code_of(call) for call in calls)), 60)
+            await asyncio.to_thread(authenticated_calls_answer, deployment)
+            return codes
+        finally:
+            await asyncio.gather(*(channel.close() for channel in channels))
+
+    assert set(asyncio.run(flood())) == {grpc.StatusCode.UNAUTHENTICATED}
+
+
+async def code_of(call) -> grpc.StatusCode:
+    """The status a gRPC aio call ends with."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(180)
+def test_a_client_stream_is_answered_whole_or_refused_whole(deployment):
+    stub = tei_pb2_grpc.RerankStub(deployment.channel)
+
+    def messages(count: int) -> list[tei.RerankStreamRequest]:  # over two queries
+        return [tei.RerankStreamRequest(query=f"query {i % 2}", text=f"text {i}") for i in range(count)]
+
+    reply = stub.RerankStream(iter(messages(MAX_ITEMS)), metadata=AUTH, timeout=60)
+    assert sorted(rank.index for rank in reply.ranks) == list(range(MAX_ITEMS))
+    for count in (MAX_ITEMS + 100, 2048):
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.RerankStream(iter(messages(count)), metadata=AUTH, timeout=60)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith(f"the stream has more than {MAX_ITEMS} messages, the limit of one "
+                                                 "call (max_items_per_request)")
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_input_that_never_comes_is_dropped_after_the_servers_bound(deployment):
+    """With a valid key: a body that never comes gets 408, a client stream that never ends and a bidirectional
+    stream that goes quiet end with DEADLINE_EXCEEDED, each after its bound (`client_input_timeout_s`), through
+    the proxies."""
+    async def stalled() -> tuple[bytes, grpc.aio.AioRpcError, grpc.aio.AioRpcError]:
+        connections = await stalled_posts(deployment.http_port, 1, f"Authorization: Bearer {KEY}\r\n")
+        async with grpc.aio.insecure_channel(deployment.address) as channel:
+            client_stream = tei_pb2_grpc.RerankStub(channel).RerankStream(metadata=AUTH)
+            await client_stream.write(tei.RerankStreamRequest(query="q", text="t"))
+            bidirectional = tei_pb2_grpc.EmbedStub(channel).EmbedStream(metadata=AUTH)
+            try:
+                (line,) = await status_lines(connections, INPUT_TIMEOUT_S + 30)
+                errors = [await asyncio.wait_for(ended(call), INPUT_TIMEOUT_S + 30)
+                          for call in (client_stream, bidirectional)]
+            finally:
+                close(connections)
+        return line, *errors
+
+    started = time.monotonic()
+    line, client_stream, bidirectional = asyncio.run(stalled())
+    assert line == b"HTTP/1.1 408 Request Timeout\r\n"
+    assert client_stream.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert client_stream.details().startswith(f"the stream did not end within {INPUT_TIMEOUT_S:g} s")
+    assert bidirectional.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert bidirectional.details().startswith(f"no message came on the stream for {INPUT_TIMEOUT_S:g} s")
+    assert time.monotonic() - started < INPUT_TIMEOUT_S + 30
+
+
+async def ended(call) -> grpc.aio.AioRpcError:
+    """The error a call that is expected to fail ends with (its replies, if any, are read and dropped)."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        if isinstance(call, grpc.aio.StreamStreamCall):
+            async for _ in call:
+                pass
+        else:
+            await call
+    return caught.value
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(120)
+def test_the_index_builder_answers_its_ping_while_a_build_runs(deployment):
+    class SlowJob:
+        """A job whose sequences take 3 s to come (a long build), without holding the GIL."""
+
+        @property
+        def sequences(self):
+            from radix_core.tokens import TokenSequences
+
+            time.sleep(3)
+            return TokenSequences.from_lists([[1, 2, 3], [1, 2, 4]])
+
+    builder = ray.remote(num_cpus=0)(IndexBuilder).remote(BatchLimits(1000, 64, 0.9), "auto")
+    try:
+        assert ray.get(builder.ping.remote(), timeout=60)
+        build = builder.build.remote([SlowJob()])
+        time.sleep(1)  # the build is running
+        started = time.monotonic()
+        assert ray.get(builder.ping.remote(), timeout=10)
+        assert time.monotonic() - started < 1.0
+        assert ray.get(build, timeout=30).num_tokens == 6
+        assert ray.get(builder.stats.remote(), timeout=10)["batches"] == 1
+    finally:
+        ray.kill(builder)
+
+
+class Builder:
+    """An IndexBuilder actor handle's stand-in: `ping` answers or (dead) fails; `build` returns `batch`, or fails
+    once `fail` is set (the actor died meanwhile)."""
+
+    def __init__(self, name: str):
+        self.name, self.dead, self.fail = name, False, asyncio.Event()
+        self.ping = self.Method(self._ping)
+        self.build = self.Method(self._build)
+
+    class Method:
+        def __init__(self, function):
+            self.remote = function
+
+    async def _ping(self) -> bool:
+        if self.dead:
+            raise RayActorError()
+        return True
+
+    async def _build(self, jobs):
+        await self.fail.wait()
+        raise RayActorError()
+
+
+def test_a_failed_build_keeps_the_builder_the_health_probe_started(monkeypatch):
+    """Builder A dies during a build; the health probe finds it dead first and starts B; the build then fails and
+    must retry on B, not kill it."""
+    class Engine:
+        def check_device(self):
+            pass
+
+    class Metrics:
+        def __init__(self):
+            self.restarts = []
+
+        def restarted(self, reason: str) -> None:
+            self.restarts.append(reason)
+
+    first, second = Builder("A"), Builder("B")
+    second.build.remote = lambda jobs: asyncio.sleep(0, result="built on B")
+    replica = object.__new__(EngineReplica.func_or_class)
+    replica.engine, replica.metrics, replica.builder = Engine(), Metrics(), first
+    replica._new_builder = iter([second, Builder("C")]).__next__
+    killed = []
+    monkeypatch.setattr("deployments.engine_replica.ray.kill", lambda actor, no_restart: killed.append(actor.name))
+
+    async def main():
+        build = asyncio.create_task(replica._build(["job"]))
+        await asyncio.sleep(0.01)  # the build waits on A
+        first.dead = True
+        await replica.check_health()  # A does not answer: replaced by B
+        first.fail.set()  # and the build on A fails
+        return await asyncio.wait_for(build, 5)
+
+    assert asyncio.run(main()) == (["job"], "built on B")
+    assert (killed, replica.builder.name, replica.metrics.restarts) == (["A"], "B", ["health"])
