@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,3 +72,10 @@ def start_local_ray_with_metrics() -> Callable[[int], None]:
 
 def _start_local_ray_with_metrics(port: int) -> None:
     _start_local_ray(_metrics_export_port=port, _system_config={"metrics_report_interval_ms": 1000})
+
+
+@pytest.fixture
+def workdir():
+    """A short private directory: Ray's socket paths must stay under 107 characters."""
+    with tempfile.TemporaryDirectory(prefix="rs-launch-", dir="/tmp") as path:
+        yield Path(path)

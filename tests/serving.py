@@ -1,21 +1,29 @@
-"""What the serve tests share: free loopback ports, `serve_config.yaml`'s gRPC servicers, and `GrpcDeployment`:
-one local Ray + Serve with the gRPC proxy that (re)deploys the application when a test asks for another config."""
+"""What the serve tests share: free loopback ports, `serve_config.yaml`'s gRPC servicers, `GrpcDeployment` (one
+local Ray + Serve with the gRPC proxy that (re)deploys the application when a test asks for another config), and
+`Launched`: the README's serve command (`radixserve serve CONFIG`) as a subprocess with its own local Ray."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 import ray
 import yaml
 from ray import serve
 
 from deployments.app import build
+from radixserve.launcher import GRPC_MESSAGE_SIZE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 240  # a local Ray plus two replicas on a busy 2-core machine
 SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 
 
@@ -71,3 +79,51 @@ class GrpcDeployment:
                 return
             assert time.monotonic() < deadline, f"the app did not answer {want.name} in {timeout_s} s (got {code})"
             time.sleep(0.5)
+
+
+def write_config(path: Path, http_port: int, grpc_port: int, **args) -> Path:
+    """serve_config.yaml with the given ports and args changed."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"], config["grpc_options"]["port"] = http_port, grpc_port
+    config["applications"][0]["args"].update(args)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Launched:
+    """`radixserve serve CONFIG` in its own session, with its own RAY_TMPDIR and `env` added; output in `log`."""
+
+    def __init__(self, config: Path, model: Path, workdir: Path, env: dict[str, str] | None = None):
+        self.log_path = workdir / "launcher.log"
+        env = dict(os.environ, RADIXSERVE_MODEL=str(model), RAY_TMPDIR=str(workdir), HF_HUB_OFFLINE="1", **(env or {}))
+        env.pop(GRPC_MESSAGE_SIZE_ENV, None)
+        env.pop("RAY_ADDRESS", None)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "radixserve.cli", "serve", str(config),
+                                          "--drain-timeout", "60"], cwd=ROOT, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """Last resort after a failed test: the launcher's session (its local Ray), and nothing else."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+def wait_until_serving(client, launched: Launched) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert launched.proc.poll() is None, f"launcher exited early:\n{launched.log[-3000:]}"
+        try:
+            client.info()
+            return
+        except grpc.RpcError:
+            time.sleep(1)
+    pytest.fail(f"not serving after {START_TIMEOUT_S} s:\n{launched.log[-3000:]}")

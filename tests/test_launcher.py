@@ -14,33 +14,19 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
-from serving import free_port
+from serving import ROOT, START_TIMEOUT_S, Launched, free_port, wait_until_serving, write_config
 
 from radixserve import launcher
 from radixserve.launcher import ENVELOPE_BYTES, GRPC_MESSAGE_SIZE_ENV, LaunchError
 
-ROOT = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 240  # a local Ray plus two replicas on a busy 2-core machine
 MAX_REQUEST_BYTES = 200_000
 ACCESS_LINE = re.compile(r" -- .*\bOK [0-9.]+ms$", re.MULTILINE)  # Ray's "CALL rerank OK 12.3ms"
-
-
-def write_config(path: Path, http_port: int, grpc_port: int, **args) -> Path:
-    """serve_config.yaml with the given ports and args changed."""
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"], config["grpc_options"]["port"] = http_port, grpc_port
-    config["applications"][0]["args"].update(args)
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def listen_like_ray(port: int) -> socket.socket:
@@ -99,52 +85,6 @@ def test_grpc_message_limit_is_max_request_bytes_plus_envelope(tmp_path, monkeyp
 
 
 # --- on a local Ray -------------------------------------------------------------------------------------------------
-
-class Launched:
-    """`radixserve serve CONFIG` in its own session, with its own RAY_TMPDIR; output in `log`."""
-
-    def __init__(self, config: Path, model: Path, workdir: Path):
-        self.log_path = workdir / "launcher.log"
-        env = dict(os.environ, RADIXSERVE_MODEL=str(model), RAY_TMPDIR=str(workdir), HF_HUB_OFFLINE="1")
-        env.pop(GRPC_MESSAGE_SIZE_ENV, None)
-        env.pop("RAY_ADDRESS", None)
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "radixserve.cli", "serve", str(config),
-                                          "--drain-timeout", "60"], cwd=ROOT, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait(self, timeout_s: float) -> int:
-        return self.proc.wait(timeout_s)
-
-    def kill(self) -> None:
-        """Last resort after a failed test: the launcher's session (its local Ray), and nothing else."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-
-
-@pytest.fixture
-def workdir():
-    """A short private directory: Ray's socket paths must stay under 107 characters."""
-    with tempfile.TemporaryDirectory(prefix="rs-launch-", dir="/tmp") as path:
-        yield Path(path)
-
-
-def wait_until_serving(client, launched: Launched) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert launched.proc.poll() is None, f"launcher exited early:\n{launched.log[-3000:]}"
-        try:
-            client.info()
-            return
-        except grpc.RpcError:
-            time.sleep(1)
-    pytest.fail(f"not serving after {START_TIMEOUT_S} s:\n{launched.log[-3000:]}")
-
 
 @pytest.mark.serve
 @pytest.mark.slow
