@@ -6,11 +6,14 @@ deploy, and on SIGTERM tears everything down with requests in flight. This launc
 
 1. validates the config (Ray's `ServeDeploySchema`, and `AppArgs` for radixserve applications);
 2. refuses to start when the HTTP or gRPC port is taken, naming the port, the process holding it and the fix;
-3. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `max_request_bytes` (unless set): Ray reads it when its proxy
+3. checks each application's model before Ray starts (a local path must be a model directory; a hub id needs the
+   local Hugging Face cache or the network) and names the model it will serve (`RADIXSERVE_MODEL` included);
+4. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `max_request_bytes` (unless set): Ray reads it when its proxy
    imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
-4. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command;
-5. follows the applications: DEPLOY_FAILED prints Ray's deploy error, shuts down and exits 1;
-6. on SIGTERM or Ctrl-C drains: deletes the applications, so their replicas take no new requests and finish the
+5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command;
+6. follows the applications: DEPLOY_FAILED shuts down, prints Ray's deploy error and, last, its one-line cause,
+   and exits 1;
+7. on SIGTERM or Ctrl-C drains: deletes the applications, so their replicas take no new requests and finish the
    ones they hold (each deployment's `graceful_shutdown_timeout_s`, bounded here by `--drain-timeout`), while
    the proxies stay up to deliver the answers; then shuts Serve and Ray down and exits 0. A second signal stops
    at once.
@@ -49,17 +52,20 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
     """Run CONFIG until it fails to deploy (exit 1) or a signal drains it (exit 0)."""
     config = load_config(config_path)
     check_ports_free(config, config_path)
+    for app in radixserve_apps(config):
+        check_model(app["args"]["model"])
+        print(f"radixserve: application {app['name']!r} serves model {app['args']['model']!r}", flush=True)
     set_grpc_message_limit(config)
     stop = StopSignals()
     stop.install()
     _start_serve(config_path, stop)
     names = [app["name"] for app in config["applications"]]
     failure = _wait_for_stop_or_failure(names, stop)
-    if failure:
-        print(failure, file=sys.stderr, flush=True)
-    else:
+    if not failure:
         _drain(names, drain_timeout_s, stop)
     _shutdown()
+    if failure:  # after the shutdown's own output, so the cause is the last thing on the screen
+        print(failure, file=sys.stderr, flush=True)
     return 1 if failure else 0
 
 
@@ -84,6 +90,53 @@ def load_config(config_path: str) -> dict[str, Any]:
     except ValidationError as err:
         raise LaunchError(f"{config_path}: {err}") from err
     return config
+
+
+def radixserve_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config's radixserve applications (their args validated by `load_config`)."""
+    return [app for app in config["applications"] if app["import_path"] == APP_IMPORT_PATH]
+
+
+def check_model(model: str) -> None:
+    """Refuse at once a model the replicas could not load: a local path that is not a model directory, or a hub id
+    that is neither in the local Hugging Face cache nor reachable (offline, or no network). Without this, each
+    replica retries the hub for about a minute before the deploy fails."""
+    from deployments.config import MODEL_ENV
+
+    path = Path(model).expanduser()
+    looks_local = path.exists() or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+    fix = f"set {MODEL_ENV} (or args.model) to a local model directory, e.g. one made with " \
+          "`radixserve make-tiny-model DIR`"
+    if looks_local:
+        if not path.is_dir():
+            raise LaunchError(f"model path {model!r} does not exist or is not a directory: {fix}")
+        if not (path / "config.json").is_file():
+            raise LaunchError(f"model path {model!r} is not a model directory (no config.json in it): {fix}")
+        return
+    if _in_hub_cache(model):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not _hub_reachable():
+        raise LaunchError(f"model {model!r} is a Hugging Face hub id that is not in the local cache, and the hub "
+                          f"cannot be reached (offline or no network): download it where the hub is reachable, or "
+                          f"{fix}")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub (or $HF_ENDPOINT) opens within `timeout_s`."""
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def listening_addresses(config: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -153,8 +206,7 @@ def _listener_of(port: int) -> str | None:
 
 def set_grpc_message_limit(config: dict[str, Any]) -> None:
     """`RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` = the largest `max_request_bytes` + ENVELOPE_BYTES, unless already set."""
-    limits = [app["args"]["max_request_bytes"] for app in config["applications"]
-              if app["import_path"] == APP_IMPORT_PATH]
+    limits = [app["args"]["max_request_bytes"] for app in radixserve_apps(config)]
     if limits and GRPC_MESSAGE_SIZE_ENV not in os.environ:
         os.environ[GRPC_MESSAGE_SIZE_ENV] = str(grpc_message_limit(max(limits)))
 

@@ -154,14 +154,50 @@ def check_malformed_message(grpc_port: int) -> None:
 
 @pytest.mark.serve
 @pytest.mark.slow
-def test_model_that_cannot_load_exits_1_with_the_load_error(workdir):
+@pytest.mark.parametrize("model, words", [
+    ("/no/such/model", "model path '/no/such/model' does not exist"),
+    ("./relative/missing", "model path './relative/missing' does not exist"),
+    ("no-such-org/no-such-model", "is a Hugging Face hub id that is not in the local cache, and the hub cannot be "
+                                  "reached"),
+])
+def test_a_model_that_cannot_load_is_refused_before_ray_starts(model, words, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LaunchError, match="RADIXSERVE_MODEL") as err:
+        launcher.check_model(model)
+    assert words in str(err.value)
+
+
+def test_a_directory_without_a_config_is_no_model(tmp_path, tiny_model_dir):
+    with pytest.raises(LaunchError, match="is not a model directory .no config.json in it."):
+        launcher.check_model(str(tmp_path))
+    launcher.check_model(str(tiny_model_dir()))  # a real one passes
+
+
+def test_cli_refuses_a_missing_model_at_once_naming_the_fix(tmp_path):
+    path = write_config(tmp_path / "c.yaml", free_port(), free_port())
+    env = dict(os.environ, RADIXSERVE_MODEL=str(tmp_path / "no-such-model"))
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "radixserve.cli", "serve", str(path)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 2 and time.monotonic() - began < 60
+    assert f"model path '{tmp_path / 'no-such-model'}' does not exist" in done.stderr
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_model_that_cannot_load_exits_1_with_the_load_error_last(workdir):
+    """A directory that passes the launcher's check (it has a config.json) but is no loadable model: the deploy
+    fails in Ray, and the one-line cause is the last thing the launcher prints."""
+    model = workdir / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
     config = write_config(workdir / "c.yaml", free_port(), free_port(), engine_cpus=0.5, ingress_cpus=0.5,
                           engine_replicas={"num_replicas": 1})
-    launched = Launched(config, workdir / "no-such-model", workdir)
+    launched = Launched(config, model, workdir)
     try:
         assert launched.wait(START_TIMEOUT_S) == 1, launched.log[-3000:]
+        assert f"radixserve: application 'radixserve' serves model '{model}'" in launched.log
         summary = launched.log.split("radixserve: application 'radixserve' failed to deploy:", 1)[1]
-        assert f"model path '{workdir / 'no-such-model'}' does not exist" in summary
-        assert "RADIXSERVE_MODEL=/path/to/model" in summary
+        assert str(model) in summary and summary.rstrip().endswith("stopping.")
     finally:
         launched.kill()
