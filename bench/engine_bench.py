@@ -1,6 +1,6 @@
 """Engine modes side by side on CPU (issue 15): shapes, what `prepare` costs, prefix sweep, sequences per prefix.
 
-The workloads of `engine_workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), what
+The workloads of `workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), what
 `prepare` costs, and how the cost grows with the number of sequences sharing one prefix.
 
 Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, intermediate 1536, random
@@ -11,8 +11,9 @@ whose order rotates; median (min-max). Four parts, each can be skipped (`--skip`
 * shapes: per shape every mode, its speed-up over `off`, the FLOP bound of that speed-up (position-wise and
   attention FLOPs of both layouts), achieved / bound, the time of `engine.prepare` (checks, index, mode choice:
   numpy on the host) and the peak memory growth of one forward (RSS high-water mark over the RSS before it, in a
-  fresh subprocess per cell; `--skip memory` leaves it out). Plain transformers on a padded batch is timed as the
-  reference users run today, except on the long shape (`Shape.long`).
+  fresh subprocess per cell; `--skip memory` leaves it out). Plain transformers on a padded batch
+  (`padded_baseline.padded_last_hidden`) is timed as the reference users run today, except on the long shape
+  (`Shape.long`).
 * no-sharing: `off` against `auto` alone on the batch without sharing (auto runs off there), more rounds: what
   auto costs where it cannot help.
 * prefix sweep: speed-up of mlp and full over off against the shared-prefix length (batch 32, suffix 64), plotted
@@ -43,7 +44,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from engine_workloads import (
+from padded_baseline import padded_last_hidden
+from timing import Timing, interleaved_timings
+from tqdm import tqdm
+from workloads import (
     SCALING_COUNTS,
     SCALING_PREFIX,
     SCALING_SUFFIX,
@@ -53,8 +57,6 @@ from engine_workloads import (
     suffixes_name,
     synthetic_prefix,
 )
-from timing import Timing, interleaved_timings
-from tqdm import tqdm
 
 from radix_core.engine import Engine
 from radix_core.index import build_radix_index, flatten_sequences
@@ -117,18 +119,6 @@ def marginal_costs(counts: Sequence[int], totals: Sequence[float]) -> list[float
     return [None] + [(t2 - t1) / (n2 - n1) for n1, n2, t1, t2 in steps]
 
 
-def padded_transformers(model, sequences) -> torch.Tensor:
-    """What users run today: one padded batch through transformers, last real token per sequence."""
-    longest = max(map(len, sequences))
-    ids = torch.zeros(len(sequences), longest, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(sequences):
-        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
-    with torch.inference_mode():
-        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L_max, hidden)
-    return hidden[torch.arange(len(sequences)), mask.sum(1) - 1]
-
-
 def peak_memory_mb(model_dir: Path, batch: str, mode: str) -> float:
     """Peak RSS growth of one forward of `BATCHES[batch]`, in a fresh process so earlier runs do not hide it."""
     out = subprocess.run([sys.executable, __file__, "--memory-cell", str(model_dir), batch, mode],
@@ -142,7 +132,7 @@ def memory_cell(model_dir: str, batch: str, mode: str) -> None:
         from transformers import AutoModel
 
         model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-        run = lambda: padded_transformers(model, sequences)  # noqa: E731
+        run = lambda: padded_last_hidden(model, sequences)  # noqa: E731
     else:
         engine = Engine.from_pretrained(model_dir, device="cpu")
         run = lambda: engine.last_hidden_states(sequences, mode=mode)  # noqa: E731
@@ -180,7 +170,7 @@ def shape_rows(bench: Bench, name: str, repeats: int) -> list[str]:
     shape, sequences = SHAPES[name], make_batch(name)
     runners = {m: bench.forward(sequences, m) for m in MODES}
     if not shape.long:
-        runners[PADDED] = lambda: padded_transformers(bench.reference, sequences)
+        runners[PADDED] = lambda: padded_last_hidden(bench.reference, sequences)
     times = interleaved_timings(runners, repeats)
     prepare = interleaved_timings({m: (lambda m=m: bench.engine.prepare(sequences, m)) for m in MODES},
                                   PREPARE_REPEATS)

@@ -1,6 +1,6 @@
 """Where one forward's time goes: torch's profiler over the engine on a benchmark shape, per mode.
 
-Runs the `bench` preset model (as `engine_bench.py`) on one named batch of `engine_bench.BATCHES` (a shape of its
+Runs the `bench` preset model (as `engine_bench.py`) on one named batch of `workloads.BATCHES` (a shape of its
 table or a batch of its scaling part) in the given modes, profiles `--repeats` forwards of each after a warm-up,
 and prints per mode the operators that take the most self CPU time, with the share of the forward spent in each
 and the wall time of a forward. The time of a mode against its FLOP bound says how far it is from the bound; this
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import torch
-from engine_workloads import BATCHES, make_batch
 from torch.profiler import ProfilerActivity, profile
+from workloads import BATCHES, make_batch
 
 from radix_core.engine import Engine
 from radix_core.tiny_models import PRESETS, make_tiny_model

@@ -5,11 +5,12 @@ The application as `serve_config.yaml` builds it (`accelerator: cpu`, one engine
 defaults, `max_queue_wait_s` from the command line: the latency bound the replica keeps under overload), driven by
 two workloads in turn:
 
-* `rerank8`: MS MARCO-shaped rerank requests of 8 documents on the `bench` preset Qwen3 model;
+* `rerank8`: MS MARCO-shaped rerank requests of 8 documents (`bench/workloads.py`, the stream of
+  `serve_bench.py`) on the `bench` preset Qwen3 model;
 * `mix`: realistic request sizes, reranks of 8 to 1000 documents (log-uniform; Cohere's clients send up to 1000)
   of about 100 tokens each, on the `small` preset (a 1000-document rerank takes seconds, not minutes, on 2 CPUs).
 
-For each, the phases:
+For each, the phases (sent by the load driver of `bench/load_driver.py`):
 
 1. unloaded: one request at a time (16 of them), its latency;
 2. capacity: `--clients` closed-loop clients for `--capacity-s` seconds, requests answered per second;
@@ -31,32 +32,23 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
 
-import grpc
 import numpy as np
 import ray
+from load_driver import LoadDriver, Outcome
+from local_serve import start_serve
 from ray import serve
-from serve_bench import start_serve, streams
 from tqdm import tqdm
+from workloads import MsMarco, mixed_reranks, msmarco_texts, rerank_stream, token_counter
 
 from deployments.app import build
-from radix_core.tiny_models import CORPUS_PATH, PRESETS, make_tiny_model
+from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: str
-    latency_s: float
-    sent: float
-    computed_tokens: int  # the answer's usage (0 unless OK)
 
 
 @dataclass(frozen=True)
@@ -71,79 +63,32 @@ class Workload:
 
 
 def rerank8_requests(rng: np.random.Generator) -> list[dict]:
-    stream_args = argparse.Namespace(queries=12, docs=32, request_docs=8, embed_texts=0)
-    return [request for _, request in streams(stream_args, rng)["rerank"]]
-
-
-def mix_requests(rng: np.random.Generator, count: int = 64) -> list[dict]:
-    """`count` reranks of 8 to 1000 documents (log-uniform), 50 corpus words (about 100 tokens) each."""
-    words = np.array(CORPUS_PATH.read_text().split())
-    sizes = np.exp(rng.uniform(np.log(8), np.log(1000), count)).round().astype(int)
-    return [{"query": " ".join(rng.choice(words, 8)),
-             "documents": [" ".join(rng.choice(words, 50)) for _ in range(size)]} for size in sizes]
+    """The MS MARCO-shaped texts as serve_bench.py streams them: 12 queries x 32 passages, requests of 8."""
+    shape = MsMarco(queries=12, passages_per_query=32)
+    return rerank_stream(msmarco_texts(rng, token_counter(make_tiny_tokenizer()), shape), 8, rng)
 
 
 WORKLOADS = {
     "rerank8": Workload("rerank8", "bench", rerank8_requests, 1.0,
                         "`bench` preset Qwen3, MS MARCO-shaped rerank requests of 8 documents"),
-    "mix": Workload("mix", "small", mix_requests, 5.0,
+    "mix": Workload("mix", "small", mixed_reranks, 5.0,
                     "`small` preset Qwen3, reranks of 8 to 1000 documents of about 100 tokens (log-uniform)"),
 }
 
 
-class Driver:
-    """Sends rerank requests from a cycle through one shared channel; each records (code, latency, sent at).
-    `retrying`: the client retries refusals as users run it (3 times, jittered backoff, the server's hint), as
-    every phase but the overload does."""
+class Driver(LoadDriver):
+    """The shared load driver sending rerank requests from a cycle through one shared channel; an outcome's tokens
+    are the rows the engine computed for it. `retrying`: the client retries refusals as users run it (3 times,
+    jittered backoff, the server's hint), as every phase but the overload does."""
 
-    def __init__(self, address: str, requests: list[dict], threads: int = 64):
+    def __init__(self, address: str, requests: list[dict]):
         self.clients = {False: ScoringClient(address, timeout_s=300, retries=0),
                         True: ScoringClient(address, timeout_s=300, retries=3)}
         self.retrying = True
-        self.requests = cycle(requests)
-        self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(threads)
+        super().__init__(self.rerank, cycle(requests))
 
-    def one(self) -> Outcome:
-        with self.lock:
-            request = next(self.requests)
-        sent = time.perf_counter()
-        try:
-            reply = self.clients[self.retrying].rerank(**request)
-            return Outcome("OK", time.perf_counter() - sent, sent, reply.usage.computed_tokens)
-        except grpc.RpcError as err:
-            return Outcome(err.code().name, time.perf_counter() - sent, sent, 0)
-
-    def closed_loop(self, clients: int, seconds: float, label: str) -> list[Outcome]:
-        end = time.perf_counter() + seconds
-        results, bar = [], tqdm(desc=label, unit="req")
-
-        def client():
-            while time.perf_counter() < end:
-                outcome = self.one()
-                with self.lock:
-                    results.append(outcome)
-                    bar.update()
-
-        threads = [threading.Thread(target=client) for _ in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        bar.close()
-        return results
-
-    def open_loop(self, rate: float, seconds: float, label: str, rng: np.random.Generator):
-        """Poisson arrivals at `rate` per second for `seconds`; waits for every answer."""
-        futures, start = [], time.perf_counter()
-        at = start
-        with tqdm(total=round(rate * seconds), desc=label, unit="req") as bar:
-            while at - start < seconds:
-                at += rng.exponential(1 / rate)
-                time.sleep(max(0.0, at - time.perf_counter()))
-                futures.append(self.pool.submit(self.one))
-                bar.update()
-            return [f.result() for f in futures]
+    def rerank(self, request: dict) -> int:
+        return self.clients[self.retrying].rerank(**request).usage.computed_tokens
 
 
 def latencies(outcomes: list[Outcome], code: str | None = None) -> np.ndarray:
@@ -226,7 +171,7 @@ def phase(outcomes: list[Outcome], computed: int) -> dict:
     ok = latencies(outcomes, "OK")
     return {"sent": len(outcomes), "codes": codes, "ok p50 s": pct(ok, 50), "ok p99 s": pct(ok, 99),
             "refused p50 s": pct(refused, 50), "refused p99 s": pct(refused, 99),
-            "goodput": sum(o.computed_tokens for o in outcomes) / computed if computed else float("nan")}
+            "goodput": sum(o.tokens for o in outcomes) / computed if computed else float("nan")}
 
 
 def write_report(reports: dict, args) -> None:

@@ -1,11 +1,19 @@
-"""What users deploy today, for `serve_bench.py`: a Ray Serve deployment with `@serve.batch` running transformers'
-`AutoModelForCausalLM` on left-padded batches; the same prompt strings the engine builds, without its prefix
-sharing. Rerank scores are P(yes) from the yes/no logits at the last position; embeddings are the final hidden state
-at the last token (the end-of-text token the prompt ends with), L2-normalised."""
+"""The padded baseline, what users run today: transformers on one padded batch, without prefix sharing.
+
+`padded_last_hidden` is the one padded forward every benchmark compares against: the sequences right-padded into
+one batch (pads after each sequence, so causal attention never lets a real token see one and positions are
+exact) through the base model, the final hidden state read at each sequence's last real token. `engine_bench.py`
+times it on token ids; `PaddedBaseline` serves it for `serve_bench.py`: a Ray Serve deployment with
+`@serve.batch` running `AutoModelForCausalLM` on the same prompt strings the engine builds. Rerank scores are
+P(yes) from the yes/no logits of the LM head, run at the last token only (as the engine does; the Qwen3-Reranker
+model card's `logits[:, -1]` would compute every position's); embeddings are the last token's final hidden state
+(the end-of-text token the prompt ends with), L2-normalised.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import ray
 import torch
@@ -15,14 +23,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
 
 
+def padded_last_hidden(model, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    """(B, hidden) final hidden state of transformers' base `model` at each sequence's last token, from one
+    right-padded batch."""
+    longest = max(map(len, sequences))
+    ids = torch.zeros(len(sequences), longest, dtype=torch.long)  # (B, L_max)
+    mask = torch.zeros_like(ids)  # (B, L_max)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L_max, hidden)
+    return hidden[torch.arange(len(sequences)), mask.sum(1) - 1]  # (B, hidden)
+
+
 @serve.deployment(max_ongoing_requests=256)
 class PaddedBaseline:
     def __init__(self, model_dir: str, max_batch_requests: int):
         reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         torch.set_num_threads(max(1, math.ceil(reserved)))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = "<|endoftext|>"
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.yes, self.no = (self.tokenizer.convert_tokens_to_ids(t) for t in ("yes", "no"))
         self.rerank_batch.set_max_batch_size(max_batch_requests)
@@ -40,28 +59,24 @@ class PaddedBaseline:
         prompts = [[QWEN3_RERANKER.prefix + QWEN3_RERANKER.body.format(
             instruction=QWEN3_RERANKER.default_instruction, query=r["query"], document=d) + QWEN3_RERANKER.suffix
             for d in r["documents"]] for r in requests]
-        batch, tokens = self._encode(prompts)
+        hidden, tokens = self._last_hidden(prompts)
         with torch.inference_mode():
-            logits = self.model(**batch).logits[:, -1, [self.no, self.yes]]  # (n, 2)
-        logits.softmax(-1)
+            self.model.lm_head(hidden)[:, [self.no, self.yes]].softmax(-1)  # (n, 2)
         return tokens
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def embed_batch(self, requests: list[dict]) -> list[int]:
         prompts = [[QWEN3_EMBEDDING.query.format(instruction=r["instruction"], text=t) + QWEN3_EMBEDDING.end_token
                     for t in r["texts"]] for r in requests]
-        batch, tokens = self._encode(prompts)
-        with torch.inference_mode():
-            hidden = self.model.model(**batch).last_hidden_state[:, -1]  # (n, hidden)
+        hidden, tokens = self._last_hidden(prompts)
         torch.nn.functional.normalize(hidden, dim=-1)
         return tokens
 
-    def _encode(self, prompts: list[list[str]]) -> tuple[dict, list[int]]:
-        """The padded batch of every request's prompts, and each request's real (unpadded) token count."""
-        batch = self.tokenizer([p for ps in prompts for p in ps], padding=True, return_tensors="pt")
-        lengths = batch["attention_mask"].sum(1).tolist()
+    def _last_hidden(self, prompts: list[list[str]]) -> tuple[torch.Tensor, list[int]]:
+        """The last hidden state of every request's prompts, in one padded batch, and each request's tokens."""
+        ids = self.tokenizer([p for ps in prompts for p in ps])["input_ids"]
         tokens, start = [], 0
         for ps in prompts:
-            tokens.append(int(sum(lengths[start:start + len(ps)])))
+            tokens.append(sum(map(len, ids[start:start + len(ps)])))
             start += len(ps)
-        return batch, tokens
+        return padded_last_hidden(self.model.model, ids), tokens

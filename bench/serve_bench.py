@@ -8,13 +8,15 @@ CPU) and the same request streams for every configuration:
 * `served auto` / `served off`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build`
   with the YAML's args, `accelerator: cpu`, one engine replica, CPU reservations at their defaults), called
   through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
-* `padded baseline`: a Ray Serve deployment with `@serve.batch` running transformers' `AutoModelForCausalLM` on
-  left-padded batches (the reranker's yes/no logits; the last token's final hidden state for embeddings), the
-  same prompts, reserving the same CPUs as the engine and ingress together; called through its DeploymentHandle
-  (no proxy, which favours it).
+* `padded baseline` (`bench/padded_baseline.py`): a Ray Serve deployment with `@serve.batch` running
+  transformers' `AutoModelForCausalLM` on right-padded batches (the reranker's yes/no logits, the LM head at the
+  last token only; the last token's final hidden state for embeddings), the same prompts, reserving the same CPUs
+  as the engine and ingress together; called through its DeploymentHandle (no proxy, which favours it).
 
-Streams: MS MARCO-shaped rerank (`--queries` queries x `--docs` documents of 40-110 words, shuffled requests of
-`--request-docs` documents) and embedding with an instruction (the same passages, `--request-docs` per request).
+Streams (`bench/workloads.py`): MS MARCO-shaped rerank (`--queries` queries x `--docs` passages of 40-120
+tokens, shuffled requests of `--request-docs` passages of one query) and embedding with an instruction
+(`--embed-texts` of the same passages, `--request-docs` per request). Every request is sent once by `--clients`
+closed-loop clients (`bench/load_driver.py`).
 
     python bench/serve_bench.py [--clients 8] [--queries 12] [--docs 32] [--out bench/results]
 """
@@ -24,53 +26,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import ray
-import yaml
+from load_driver import LoadDriver
+from local_serve import start_serve
 from ray import serve
 from routing_bench import builder_stats
-from task_compression import corpus_text
 from tqdm import tqdm
+from workloads import MsMarco, embed_requests, msmarco_texts, rerank_stream, token_counter
 
 from deployments.app import build
 from radix_core.engine import Engine
 from radix_core.tasks import TASKS
-from radix_core.tiny_models import PRESETS, make_tiny_model
+from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
-
-ROOT = Path(__file__).resolve().parents[1]
-INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
 
 def streams(args, rng: np.random.Generator) -> dict[str, list[tuple[str, dict]]]:
     """Per stream the (task, request) list in the order clients send it."""
-    queries, sentences = corpus_text()
-    rerank, passages = [], []
-    for query in rng.choice(queries, args.queries, replace=False):
-        docs = [passage(sentences, rng) for _ in range(args.docs)]
-        passages += docs
-        rerank += [("rerank", {"query": str(query), "documents": docs[i:i + args.request_docs]})
-                   for i in range(0, len(docs), args.request_docs)]
-    rng.shuffle(rerank)
+    shape = MsMarco(queries=args.queries, passages_per_query=args.docs)
+    groups = msmarco_texts(rng, token_counter(make_tiny_tokenizer()), shape)
+    rerank = rerank_stream(groups, args.request_docs, rng)
+    passages = [p for g in groups for p in g.passages]
     texts = [passages[i] for i in rng.permutation(len(passages))[:args.embed_texts]]
-    embed = [("embed", {"texts": texts[i:i + args.request_docs], "instruction": INSTRUCTION})
-             for i in range(0, len(texts), args.request_docs)]
-    return {"rerank": rerank, "embed": embed}
-
-
-def passage(sentences: list[str], rng: np.random.Generator) -> str:
-    """Random sentences joined and cut to 40-110 words."""
-    words: list[str] = []
-    target = int(rng.integers(40, 111))
-    while len(words) < target:
-        words += sentences[int(rng.integers(len(sentences)))].split()
-    return " ".join(words[:target])
+    return {"rerank": [("rerank", r) for r in rerank],
+            "embed": [("embed", r) for r in embed_requests(texts, args.request_docs)]}
 
 
 def items(request: dict) -> int:
@@ -95,47 +79,24 @@ def in_process(model_dir: str, requests: list[tuple[str, dict]], clients: int) -
 
 
 def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> tuple[float, list[float], int]:
-    """(seconds, per-request latencies, input tokens) with `clients` threads each sending one request at a time;
-    every request must succeed (a failure would make the figures meaningless), else a RuntimeError says how many
-    failed and why."""
-    todo: queue.Queue = queue.Queue()
-    for request in requests:
-        todo.put(request)
-    latencies, tokens, errors, lock = [], [0], [], threading.Lock()
-    bar = tqdm(total=len(requests), desc=label, unit="req")
-
-    def client() -> None:
-        while True:
-            try:
-                task, request = todo.get_nowait()
-            except queue.Empty:
-                return
-            began = time.perf_counter()
-            try:
-                used = call(task, request)
-            except Exception as err:  # reported after the run
-                errors.append(err)
-                continue
-            with lock:
-                latencies.append(time.perf_counter() - began)
-                tokens[0] += used
-                bar.update()
-
+    """(seconds, per-request latencies, input tokens) of every request sent once by `clients` closed-loop
+    clients; every request must succeed (a failure would make the figures meaningless), else a RuntimeError says
+    how many failed and why."""
     start = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    bar.close()
-    if errors:
-        raise RuntimeError(f"{label}: {len(errors)} of {len(requests)} requests failed, the first with {errors[0]!r}")
-    return time.perf_counter() - start, latencies, tokens[0]
+    outcomes = LoadDriver(lambda item: call(*item), iter(requests)).closed_loop(clients, label=label,
+                                                                                 total=len(requests))
+    seconds = time.perf_counter() - start
+    failed = [o for o in outcomes if o.code != "OK"]
+    if failed:
+        raise RuntimeError(f"{label}: {len(failed)} of {len(requests)} requests failed, the first with "
+                           f"{failed[0].error}")
+    return seconds, [o.latency_s for o in outcomes], sum(o.tokens for o in outcomes)
 
 
-def served(model_dir: str, radix: str, requests: list[tuple[str, dict]], clients: int, port: int) -> dict:
-    """The application through the gRPC proxy."""
-    app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
+def served(model_dir: str, radix: str, requests: list[tuple[str, dict]], clients: int, config: dict,
+           port: int) -> dict:
+    """The application of `config` (serve_config.yaml) through the gRPC proxy on `port`."""
+    app = config["applications"][0]
     args = {**app["args"], "model": model_dir, "accelerator": "cpu", "radix": radix, "engine_replicas": 1}
     serve.run(build(args), name="radixserve", route_prefix="/")
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
@@ -193,34 +154,14 @@ def main() -> None:
     work = streams(args, np.random.default_rng(args.seed))
     cpus = float(os.cpu_count() or 1)
     results = {(name, "in-process"): in_process(model_dir, requests, args.clients) for name, requests in work.items()}
-    _, port = start_serve()
+    config, port = start_serve()
     for name, requests in work.items():
         for radix in ("auto", "off"):
-            results[name, f"served {radix}"] = served(model_dir, radix, requests, args.clients, port)
+            results[name, f"served {radix}"] = served(model_dir, radix, requests, args.clients, config, port)
         results[name, "padded baseline"] = baseline(model_dir, requests, args.clients, cpus)
     serve.shutdown()
     ray.shutdown()
     write_report(results, args, cpus)
-
-
-def start_serve() -> tuple[dict, int]:
-    """(serve_config.yaml, the gRPC port): a local Ray with Serve's proxies on free loopback ports and the YAML's
-    gRPC servicers, as `serve run` starts them."""
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    port = free_port()
-    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()},
-                grpc_options={"port": port,
-                              "grpc_servicer_functions": config["grpc_options"]["grpc_servicer_functions"]})
-    return config, port
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_report(results: dict, args, cpus: float) -> None:

@@ -2,11 +2,11 @@
 
 The shape is that of docs/ARCHITECTURE.md, section 7 "Benchmark shapes".
 
-One 64-sequence batch: 8 queries x 8 passages, each sequence the Qwen3-Reranker prompt (system prompt, default
-instruction, query, passage, assistant suffix) tokenized by `radix_core.tokenization` with the tiny byte-level BPE
-tokenizer. Queries are search queries from `radix_core/data/tiny_corpus.txt`; passages are corpus sentences
-joined to a drawn length of 40-120 tokens. `N` counts the batch's tokens and `N'` the compact tokens of its radix
-index; the same figures come back as `usage` from `Engine.rerank` on a tiny Qwen3 model (checked here).
+One 64-sequence batch: the texts of `workloads.MsMarco` (8 queries x 8 passages of 40-120 tokens, search queries
+and sentences of `radix_core/data/tiny_corpus.txt`), each sequence the Qwen3-Reranker prompt (system prompt,
+default instruction, query, passage, assistant suffix) tokenized by `radix_core.prompt_encoding` with the tiny
+byte-level BPE tokenizer. `N` counts the batch's tokens and `N'` the compact tokens of its radix index; the same
+figures come back as `usage` from `Engine.rerank` on a tiny Qwen3 model (checked here).
 
     python bench/task_compression.py [--seed 0] [--out bench/results/task_compression.md]
 """
@@ -15,60 +15,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+from workloads import QueryPassages, msmarco_texts, token_counter
 
 from radix_core.engine import Engine
 from radix_core.index import build_radix_index, flatten_sequences
 from radix_core.tasks.rerank import encode_rerank
 from radix_core.templates import QWEN3_RERANKER
-from radix_core.tiny_models import CORPUS_PATH, make_tiny_model
-from radix_core.tokenization import PromptTokenizer
-
-NUM_QUERIES, PASSAGES_PER_QUERY = 8, 8
-PASSAGE_TOKENS = (40, 120)
+from radix_core.tiny_models import make_tiny_model
 
 
-@dataclass
-class Request:
-    query: str
-    passages: list[str]
-
-
-def corpus_text() -> tuple[list[str], list[str]]:
-    """(search queries, sentences): the corpus's first block of short query lines, and its prose split into
-    sentences."""
-    blocks = [b for b in CORPUS_PATH.read_text(encoding="utf-8").split("\n\n") if not b.startswith("#")]
-    queries = blocks[0].splitlines()
-    prose = [line for b in blocks[1:] for line in b.splitlines() if len(line.split()) >= 12]
-    sentences = [s for line in prose for s in re.split(r"(?<=[.!?])\s+", line) if len(s.split()) >= 4]
-    return queries, sentences
-
-
-def passage(prompts: PromptTokenizer, sentences: list[str], rng: np.random.Generator) -> str:
-    """Random sentences joined until the drawn token length is reached, cut back to it word by word."""
-    target = int(rng.integers(PASSAGE_TOKENS[0], PASSAGE_TOKENS[1] + 1))
-    words: list[str] = []
-    while len(prompts.encode(" ".join(words))) < target:
-        words += sentences[int(rng.integers(len(sentences)))].split()
-    while len(prompts.encode(" ".join(words))) > target:
-        words.pop()
-    return " ".join(words)
-
-
-def msmarco_requests(prompts: PromptTokenizer, seed: int) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    queries, sentences = corpus_text()
-    picked = rng.choice(len(queries), NUM_QUERIES, replace=False)
-    return [Request(queries[q], [passage(prompts, sentences, rng) for _ in range(PASSAGES_PER_QUERY)]) for q in picked]
-
-
-def measure(engine: Engine, requests: list[Request]) -> dict:
+def measure(engine: Engine, requests: list[QueryPassages]) -> dict:
     """N and N' of the whole 64-sequence batch (from its radix index and from the engine's forward), of the 8
     requests reranked one by one, and the mean tokens of each prompt part."""
     context = engine.context
@@ -101,7 +62,7 @@ def report(m: dict, seed: int) -> str:
         f"Command: `python bench/task_compression.py --seed {seed}`",
         "",
         "64 sequences (8 queries x 8 passages of 40-120 tokens) in the real Qwen3-Reranker prompt, tokenized by",
-        "`radix_core.tokenization` with the tiny byte-level BPE tokenizer; N'/N from the batch's radix index, equal",
+        "`radix_core.prompt_encoding` with the tiny byte-level BPE tokenizer; N'/N from the batch's radix index, equal",
         "to `num_computed / num_tokens` of `Engine.forward` in mode `full`.",
         "",
         "| batch | N | N' | N'/N | N/N' |",
@@ -126,7 +87,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine.from_pretrained(str(make_tiny_model(Path(tmp) / "qwen3", "qwen3", "causal_lm")),
                                         device="cpu", radix="full")
-        measured = measure(engine, msmarco_requests(engine.prompts, args.seed))
+        texts = msmarco_texts(np.random.default_rng(args.seed), token_counter(engine.prompts.tokenizer))
+        measured = measure(engine, texts)
         text = report(measured, args.seed)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
-"""Protobuf <-> library values for the gRPC API, in one place and with no table per task: a request message becomes
-the keyword-argument dict of its task (`from_pb`); a task's response fields (`Task.to_dict`) become the
-`{rpc}Response` message of its rpc (`to_pb`), and the info dict an `InfoResponse`. No validation here: the tasks
-check the values and say what is wrong.
+"""Protobuf <-> library values for radixserve.v1, in one place and with no table per task: a request message becomes
+its task's typed request (`from_pb`: the message's fields are the request's, in the same order, a test checks
+it); a task's response fields (`Task.to_dict`) become the `{rpc}Response` message of its rpc (`to_pb`), and the
+info dict an `InfoResponse`. No validation here: the tasks check the values and say what is wrong.
 """
 
 from __future__ import annotations
@@ -13,24 +13,32 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from radix_core.tasks import Task
+from radix_core.tasks import ALL_TASKS, Task, TaskRequest
 from radixserve.v1 import scoring_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Scoring"]
 SERVER_FIELDS = ("priority",)  # the last fields of every task request: for the server (`EngineRequest`), not the task
 
 
-def from_pb(request: Message) -> dict[str, Any]:
-    """The task's keyword arguments: each field under its own name (the proto names them after the library's
-    arguments), repeated fields as lists; an unset `optional` field is left out so the library default applies.
+def request_type(task: Task) -> type[Message]:
+    """The message class `task.rpc` takes."""
+    return message_factory.GetMessageClass(SERVICE.methods_by_name[task.rpc].input_type)
+
+
+_TASK_OF_MESSAGE = {request_type(task): task for task in ALL_TASKS}
+
+
+def from_pb(request: Message) -> TaskRequest:
+    """The task's request: each field under its own name (the proto names them after the request's fields),
+    repeated fields as lists; an unset `optional` field is left out so the request's default applies.
     `SERVER_FIELDS` are not the task's."""
-    kwargs = {}
+    fields = {}
     for field in request.DESCRIPTOR.fields:
         if field.name in SERVER_FIELDS or (field.has_presence and not request.HasField(field.name)):
             continue
         value = getattr(request, field.name)
-        kwargs[field.name] = list(value) if field.is_repeated else value
-    return kwargs
+        fields[field.name] = list(value) if field.is_repeated else value
+    return _TASK_OF_MESSAGE[type(request)].request_type(**fields)
 
 
 def priority_of(request: Message) -> str | None:

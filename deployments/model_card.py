@@ -2,11 +2,14 @@
 Info, HTTP `/info`): the name requests may use, its primary task and the labels of its score head.
 
 The primary task is what TEI's `model_type` reports (`tei-client` reranks only when the server says reranker and
-embeds only when it says embedding); it changes no behaviour, every task stays callable. `primary_task` in the
-application args sets it; unset, the checkpoint decides, first rule that matches:
+embeds only when it says embedding): `rerank` is TEI's `reranker`, `embed` its `embedding` and `classify` its
+`classifier`, a model TEI's clients call through `/predict` and `Predict`, which radixserve's `predict` task answers
+(the model's own labels; radixserve's `classify` task is few-shot classification by a causal LM, over labels the
+caller gives). It changes no behaviour, every task stays callable. `primary_task` in the application args sets
+it; unset, the checkpoint decides, first rule that matches:
 
     sequence-classification head, 1 label         rerank     (a cross-encoder, or a seq-cls Qwen3-Reranker)
-    sequence-classification head, 2+ labels       classify
+    sequence-classification head, 2+ labels       classify   (TEI's classifier: answered by `predict`)
     a sentence-transformers checkpoint            embed      (modules.json beside config.json: Qwen3-Embedding)
     causal LM with a rerank template              rerank     (Qwen3-Reranker: its family has one)
     anything else                                 embed      (base models, other causal LMs)

@@ -5,8 +5,9 @@
     states = engine.hidden_states([[1, 2, 3], [1, 2, 4]])  # each (L_i, hidden), final-normed
     ranked = engine.rerank("what is a radix tree", ["A trie ...", "Bread ..."]).results
 
-The text tasks (`rerank`, `embed`, `classify`, `score`, `predict`) live in `radix_core.tasks`; the methods here
-delegate.
+The text tasks (`rerank`, `embed`, `classify`, `score`, `predict`) live in `radix_core.tasks`. Each method here
+takes its task's request fields (`engine.rerank(query, documents, top_n=1)` is
+`engine.answer(RerankRequest(query, documents, top_n=1))`): the fields and their defaults are the request type's.
 
 Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on compact rows), "full"
 (attention in compact space too), "auto" (per batch: "full" when the compression `N'/N` is at most
@@ -15,27 +16,56 @@ Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from radix_core import tasks as text_tasks
 from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import fallback_backend, make_backend
 from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
+from radix_core.finish import finish_jobs
 from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
 from radix_core.forward_result import ForwardResult
-from radix_core.tasks import TaskConfig, TaskContext, TaskJob, finish_jobs, task_of
+from radix_core.prompt_encoding import PromptTokenizer, load_prompt_tokenizer
+from radix_core.tasks import (
+    ClassifyRequest,
+    ClassifyResult,
+    EmbedRequest,
+    EmbedResult,
+    PredictRequest,
+    PredictResult,
+    RerankRequest,
+    RerankResult,
+    ScoreRequest,
+    ScoreResult,
+    TaskConfig,
+    TaskContext,
+    TaskJob,
+    TaskRequest,
+    task_for,
+)
 from radix_core.tasks.context import task_context
-from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 from radix_core.tokens import TokenSequences
 
 DEFAULT_RADIX_THRESHOLD = 0.9
 WARM_UP_LONG = 512  # rows of warm_up's long blocks: past every flash-attn 4 query tile (at most 2 x 192 rows)
 WARM_UP_MANY = 257  # blocks of warm_up's many-block batches: past flash-attn 4's BIN_BATCH_SEARCH_THRESH (256)
+M = TypeVar("M", bound=Callable)
+
+
+def takes(request: type[TaskRequest]) -> Callable[[M], M]:
+    """Give a task method the signature of its request's fields (`help(Engine.rerank)`, `inspect.signature`): the
+    method takes them as `request(*args, **kwargs)` does."""
+    def with_signature(method: M) -> M:
+        self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        fields = list(inspect.signature(request).parameters.values())
+        method.__signature__ = inspect.Signature([self, *fields], return_annotation=method.__annotations__["return"])
+        return method
+    return with_signature
 
 
 class Engine:
@@ -211,43 +241,39 @@ class Engine:
                              f"tokens): prepare exactly the concatenation of the jobs' sequences, in job order")
         return finish_jobs(self.run(prepared), jobs)
 
-    def rerank(self, query: str, documents: Sequence[str], instruction: str | None = None, top_n: int | None = None,
-               return_documents: bool = False, raw_scores: bool = False, truncate: bool = True,
-               max_document_tokens: int | None = None,
-               truncation_direction: str = "right") -> text_tasks.RerankResult:
-        """`documents` by relevance to `query`, best first (`radix_core.tasks.rerank`)."""
-        return self._run_task("rerank", query=query, documents=documents, instruction=instruction, top_n=top_n,
-                              return_documents=return_documents, raw_scores=raw_scores, truncate=truncate,
-                              max_document_tokens=max_document_tokens, truncation_direction=truncation_direction)
-
-    def embed(self, texts: Sequence[str], instruction: str | None = None, normalize: bool = True,
-              dimensions: int | None = None, truncate: bool = True, pooling: str = "last",
-              max_text_tokens: int | None = None, truncation_direction: str = "right") -> text_tasks.EmbedResult:
-        """(n, d) embeddings of `texts` (`radix_core.tasks.embed`)."""
-        return self._run_task("embed", texts=texts, instruction=instruction, normalize=normalize,
-                              dimensions=dimensions, truncate=truncate, pooling=pooling,
-                              max_text_tokens=max_text_tokens, truncation_direction=truncation_direction)
-
-    def classify(self, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
-                 template: str | Callable[[str], str] | None = None) -> text_tasks.ClassifyResult:
-        """Per input a probability over `labels` after `prefix + template(input)` (`radix_core.tasks.scoring`)."""
-        return self._run_task("classify", inputs=inputs, labels=labels, prefix=prefix, template=template)
-
-    def score(self, context: str, continuations: Sequence[str]) -> text_tasks.ScoreResult:
-        """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring`)."""
-        return self._run_task("score", context=context, continuations=continuations)
-
-    def predict(self, inputs: Sequence[str], raw_scores: bool = False, truncate: bool = True,
-                truncation_direction: str = "right") -> text_tasks.PredictResult:
-        """Per input the sequence-classification head's labels, best first (`radix_core.tasks.predict`)."""
-        return self._run_task("predict", inputs=inputs, raw_scores=raw_scores, truncate=truncate,
-                              truncation_direction=truncation_direction)
-
-    def _run_task(self, name: str, **request):
-        """One request of task `name` as a batch of its own."""
-        task = task_of(name)
+    def answer(self, request: TaskRequest) -> Any:
+        """The result of one request of any task (`RerankRequest`, ...) as a batch of its own: `Task.encode`,
+        `run_jobs`, `Task.merge`."""
+        task = task_for(request)
         job = task.encode(self.context, request)
         return task.merge(job, self.run_jobs([job]))
+
+    @takes(RerankRequest)
+    def rerank(self, *args, **kwargs) -> RerankResult:
+        """`documents` by relevance to `query`, best first (`radix_core.tasks.rerank.RerankRequest`)."""
+        return self.answer(RerankRequest(*args, **kwargs))
+
+    @takes(EmbedRequest)
+    def embed(self, *args, **kwargs) -> EmbedResult:
+        """(n, d) embeddings of `texts` (`radix_core.tasks.embed.EmbedRequest`)."""
+        return self.answer(EmbedRequest(*args, **kwargs))
+
+    @takes(ClassifyRequest)
+    def classify(self, *args, **kwargs) -> ClassifyResult:
+        """Per input a probability over `labels` after `prefix + template(input)`
+        (`radix_core.tasks.scoring.ClassifyRequest`)."""
+        return self.answer(ClassifyRequest(*args, **kwargs))
+
+    @takes(ScoreRequest)
+    def score(self, *args, **kwargs) -> ScoreResult:
+        """Log-probabilities of each continuation after `context` (`radix_core.tasks.scoring.ScoreRequest`)."""
+        return self.answer(ScoreRequest(*args, **kwargs))
+
+    @takes(PredictRequest)
+    def predict(self, *args, **kwargs) -> PredictResult:
+        """Per input the sequence-classification head's labels, best first
+        (`radix_core.tasks.predict.PredictRequest`)."""
+        return self.answer(PredictRequest(*args, **kwargs))
 
     def _head_at(self, result: ForwardResult, positions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Per sequence `(P_i, out)` head outputs at `positions[i]`, from one head pass over distinct rows."""

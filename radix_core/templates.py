@@ -2,17 +2,18 @@
 
 Every request renders to `PromptParts`: the text all its sequences share (`shared`: system prompt, instruction,
 query), one varying text per item (`varying[i]`: a document or a text) and a suffix. The full prompt of item i
-is `shared + varying[i] + suffix`. `shared` is what the Ray Serve ingress hashes into a routing key:
+is `shared + varying[i] + suffix`. `shared` is tokenized once into the ids every sequence starts with, and the
+ingress's prefix key hashes those ids (not the text):
 
     template = resolve_template("rerank", "qwen3", "causal_lm")
-    key_text = template.shared_prefix(query, instruction)         # the text
-    key_ids = prompt_tokenizer.encode_prompts(parts, ...).shared_ids  # the ids every sequence starts with
+    shared_text = template.shared_prefix(query, instruction)          # the text
+    shared_ids = prompt_tokenizer.encode_prompts(parts, ...).shared_ids  # its ids up to the last safe split point
 
 `shared` and `suffix` are `Segment`s that keep the template's own text apart from the user's: a template's literal
 text is the template's, and every value substituted into one of its fields (`{query}`, `{instruction}`), every
 varying text and a classify prefix are the user's. The tokenizer treats special-token literals (`<|im_end|>`) as
 the model's control tokens only in the template's text, so a document cannot close its turn and write the answer
-(see `radix_core.tokenization`).
+(see `radix_core.special_tokens`).
 
 Defaults (`DEFAULT_TEMPLATES`, keyed by (task, model_type, head) with "*" as a wildcard):
 
@@ -137,7 +138,8 @@ class RerankTemplate:
         return PromptParts(template_text(self.prefix) + head, list(documents), tail + template_text(self.suffix))
 
     def shared_prefix(self, query: str, instruction: str | None = None) -> str:
-        """The text every document's prompt starts with: the routing key's source."""
+        """The text every document's prompt starts with; its ids up to the last safe split point are the shared
+        ids that the prefix key hashes."""
         return joined(self.parts(query, [], instruction).shared)
 
     def _instruction(self, instruction: str | None) -> str:

@@ -6,9 +6,11 @@ what they need (torch, radix_core, grpc) inside, so `import radixserve.cli` and 
 stay fast; the choices below are therefore spelled out here and a test checks them against
 radix_core.tiny_models.
 
-The client subcommands (one per rpc of the gRPC API: rerank, embed, classify, score, info) are made from
-the proto's descriptor, call it through `radixserve.client.ScoringClient` and print its answer as JSON; they
-send what they are given, so the server's validation speaks, as `CODE: message` on stderr with exit status 1.
+The client subcommands (one per rpc of the gRPC API: rerank, embed, classify, score, predict, info) are made
+from the proto's descriptor, call it through `radixserve.client.ScoringClient` and print its answer as JSON;
+they send what they are given, so the server's validation speaks, as `CODE: message` on stderr with exit status
+1. Their options are the request message's fields, which are the task's request fields
+(`radix_core.tasks.*Request`, in the same order).
 """
 
 from __future__ import annotations

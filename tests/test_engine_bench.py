@@ -1,15 +1,17 @@
-"""The engine benchmark's pure parts: work counts behind its FLOP bounds, marginal costs, its named batches."""
+"""The benchmarks' pure parts: the engine benchmark's work counts behind its FLOP bounds, marginal costs and named
+batches; the shared workloads (`bench/workloads.py`), padded baseline and load driver."""
 
 import sys
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import engine_bench as eb  # noqa: E402  (bench/ is not a package)
-import engine_workloads as workloads  # noqa: E402
+import workloads  # noqa: E402
 
 
 def test_work_counts_rows_and_pairs_of_each_mode():
@@ -45,3 +47,101 @@ def test_named_batches_are_the_same_in_every_process_and_shaped_as_named():
         assert len(shared) == len(alone) == n
         assert {len(s) for s in shared} == {workloads.SCALING_PREFIX + workloads.SCALING_SUFFIX}
         assert {len(s) for s in alone} == {workloads.SCALING_SUFFIX}
+
+
+def test_msmarco_ids_follow_the_shape():
+    shape = workloads.MsMarco(queries=3, passages_per_query=4)
+    batch = workloads.msmarco_ids(np.random.default_rng(0), shape)
+    template, suffix = batch[0][:shape.template_tokens], batch[0][-shape.suffix_tokens:]
+    assert len(batch) == 12 and all(s[:50] == template and s[-10:] == suffix for s in batch)
+    for q in range(3):
+        group = batch[4 * q:4 * q + 4]
+        lengths = {len(s) - 60 for s in group}  # query + passage
+        assert min(lengths) >= 8 + 40 and max(lengths) <= 19 + 120
+        assert len({tuple(s[50:58]) for s in group}) == 1  # the query's first 8 tokens, shared by its passages
+    assert workloads.make_batch("msmarco-rerank 64 seqs") == workloads.msmarco_ids(np.random.default_rng(0))
+
+
+def test_msmarco_texts_have_the_shape_in_tokens_and_the_seed_fixes_them():
+    from radix_core.tiny_models import make_tiny_tokenizer
+
+    count = workloads.token_counter(make_tiny_tokenizer())
+    shape = workloads.MsMarco(queries=3, passages_per_query=5)
+    groups = workloads.msmarco_texts(np.random.default_rng(7), count, shape)
+    assert len({g.query for g in groups}) == 3 and all(len(g.passages) == 5 for g in groups)
+    sizes = [count(p) for g in groups for p in g.passages]
+    assert max(sizes) <= shape.passage_tokens[1] and min(sizes) >= shape.passage_tokens[0] - 10  # a word's tokens
+    again = workloads.msmarco_texts(np.random.default_rng(7), count, shape)
+    assert [(g.query, g.passages) for g in again] == [(g.query, g.passages) for g in groups]
+
+
+def test_streams_send_every_passage_once_in_requests_of_one_query():
+    groups = [workloads.QueryPassages(f"q{i}", [f"q{i} d{j}" for j in range(5)]) for i in range(3)]
+    stream = workloads.rerank_stream(groups, 2, np.random.default_rng(0))
+    assert sorted(d for r in stream for d in r["documents"]) == sorted(p for g in groups for p in g.passages)
+    assert all(len(r["documents"]) <= 2 and all(d.startswith(r["query"] + " ") for d in r["documents"])
+               for r in stream)
+    embed = workloads.embed_requests([f"t{i}" for i in range(5)], 2)
+    assert [r["texts"] for r in embed] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert {r["instruction"] for r in embed} == {workloads.EMBED_INSTRUCTION}
+
+
+def test_mixed_reranks_span_8_to_1000_documents():
+    sizes = [len(r["documents"]) for r in workloads.mixed_reranks(np.random.default_rng(0), count=200)]
+    assert min(sizes) >= 8 and max(sizes) <= 1000 and min(sizes) < 20 and max(sizes) > 500
+
+
+def test_padded_baseline_equals_each_sequence_alone(tiny_model_dir):
+    import torch
+    from padded_baseline import padded_last_hidden
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_model_dir("qwen3", "base")).eval()
+    sequences = [[5, 6, 7, 8, 9], [5, 6], [11, 12, 13]]
+    batched = padded_last_hidden(model, sequences)  # (3, hidden)
+    alone = torch.cat([padded_last_hidden(model, [s]) for s in sequences])  # (3, hidden)
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+
+
+class Refused(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def answer(request: int) -> int:
+    if request % 3 == 0:
+        raise Refused()
+    if request == 4:
+        raise ValueError("broken")
+    return request
+
+
+def test_closed_loop_sends_every_request_once_and_names_each_failure():
+    from load_driver import LoadDriver
+
+    outcomes = LoadDriver(answer, iter(range(1, 10))).closed_loop(3, label="test")
+    assert sorted(o.code for o in outcomes) == ["OK"] * 5 + ["RESOURCE_EXHAUSTED"] * 3 + ["ValueError"]
+    assert sorted(o.tokens for o in outcomes if o.code == "OK") == [1, 2, 5, 7, 8]
+    assert all(o.tokens == 0 and o.error for o in outcomes if o.code != "OK")
+    assert [o.error for o in outcomes if o.code == "ValueError"] == ["ValueError('broken')"]
+
+
+def test_closed_loop_stops_when_the_time_is_up_and_open_loop_waits_for_every_answer():
+    from itertools import cycle
+
+    from load_driver import LoadDriver
+
+    driver = LoadDriver(lambda r: r, cycle([1, 2]))
+    assert driver.closed_loop(2, seconds=0.0) == []
+    outcomes = driver.open_loop(200.0, 0.1, "test", np.random.default_rng(0))
+    assert outcomes and all(o.code == "OK" and o.tokens in (1, 2) for o in outcomes)
+    assert driver.one().code == "OK"
+
+
+def test_free_port_can_be_bound():
+    import socket
+
+    from local_serve import free_port
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from deployments.engine_request import EngineRequest, Priority
-from deployments.ingress import gather_or_cancel
+from deployments.request_path import gather_or_cancel
 from radix_core.tasks.rerank import RerankJob
 from radix_core.tokens import TokenSequences
 

@@ -27,8 +27,8 @@ from deployments.http import build_app
 from deployments.http.errors import api_error
 from deployments.metrics import IngressMetrics, RequestMeter
 from deployments.model_card import model_card
-from radix_core.errors import RequestError
-from radix_core.tasks import TASKS, TaskConfig, load_task_context, task_of
+from radix_core.errors import FieldName, RequestError
+from radix_core.tasks import TASKS, TaskConfig, TaskRequest, load_task_context, task_for, task_of
 from radix_core.templates import TemplateNotFound
 
 NUMPY_FAULT = "operands could not be broadcast together with shapes (3,) (4,)"  # a ValueError that is no client's
@@ -38,14 +38,24 @@ pytestmark = pytest.mark.timeout(300)
 # --- classification by type -----------------------------------------------------------------------------------------
 
 def test_a_request_error_is_the_clients_and_keeps_its_structure():
-    err = RequestError("documents[2] is empty", "give every one at least one character", field="documents", index=2)
+    err = RequestError.about("documents", "is empty", "give every one at least one character", index=2)
     assert isinstance(err, ValueError) and issubclass(TemplateNotFound, RequestError)  # `except ValueError` still works
     assert str(err) == "documents[2] is empty: give every one at least one character"
     again = pickle.loads(pickle.dumps(err))  # as it crosses Ray processes
     assert (str(again), again.field, again.index, again.fix) == (str(err), "documents", 2, err.fix)
-    renamed = err.renamed(lambda text: text.replace("documents", "texts"))
-    assert (type(renamed), str(renamed), renamed.field, renamed.index) == (
-        RequestError, "texts[2] is empty: give every one at least one character", "texts", 2)
+    for error in (err, again):  # renamed from a table, by structure: the fix's words are left alone
+        renamed = error.renamed({"documents": "texts"})
+        assert (type(renamed), str(renamed), renamed.field, renamed.index) == (
+            RequestError, "texts[2] is empty: give every one at least one character", "texts", 2)
+    one = err.renamed({"documents": FieldName("messages", item=lambda i: f"message {i} of its query")})
+    assert (str(one), one.field) == ("message 2 of its query is empty: give every one at least one character",
+                                     "messages")
+    count = RequestError.about("documents", "are more than the limit of 4 per call", lead="5 ", limit=4)
+    assert str(count.renamed({"documents": "texts"})) == "5 texts are more than the limit of 4 per call"
+    assert count.renamed({"query": "inputs"}) is count  # a table that does not name its field
+    free = RequestError("documents is empty in the text", field="documents")  # text as given: only `field` renamed
+    assert (str(free.renamed({"documents": "texts"})), free.renamed({"documents": "texts"}).field) == (
+        "documents is empty in the text", "texts")
 
 
 def test_status_of_maps_a_request_error_to_invalid_argument_without_logging(caplog):
@@ -153,8 +163,8 @@ class FaultyIngress:
         self.card = model_card(model, None, None, self.context)
         self.metrics = RecordingMetrics()
 
-    async def call(self, task: str, request: dict[str, Any], priority: str | None = None) -> Any:
-        task_of(task).encode(self.context, request)
+    async def answer(self, request: TaskRequest, priority: Priority) -> Any:
+        task_for(request).encode(self.context, request)
         raise ValueError(NUMPY_FAULT)
 
     async def info(self) -> dict[str, Any]:

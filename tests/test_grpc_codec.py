@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import socket
 import time
@@ -21,8 +22,8 @@ from deployments.grpc_status import status_of
 from radix_core import Engine
 from radix_core.errors import RequestError
 from radix_core.tasks import (
-    TASKS, ClassifyResult, ContinuationScore, EmbedResult, LabelScore, PredictResult, RerankHit, RerankResult,
-    ScoreResult, Usage,
+    TASKS, ClassifyRequest, ClassifyResult, ContinuationScore, EmbedRequest, EmbedResult, LabelScore, PredictResult,
+    RerankHit, RerankRequest, RerankResult, ScoreResult, Usage,
 )
 from radixserve.client import ScoringClient, to_dict
 from radixserve.v1 import scoring_pb2 as pb
@@ -33,14 +34,17 @@ USAGE = Usage(input_tokens=40, computed_tokens=25)
 # --- codec ----------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("task", TASKS.values(), ids=list(TASKS))
-def test_request_fields_are_the_library_arguments_in_order(task):
-    params = inspect.signature(getattr(Engine, task.name)).parameters
-    fields = SERVICE.methods_by_name[task.rpc].input_type.fields
-    # the client passes them positionally; the server's own fields come last
-    assert [f.name for f in fields] == [p for p in params if p != "self"] + list(SERVER_FIELDS)
-    for field in fields[:len(fields) - len(SERVER_FIELDS)]:  # a None default must be `optional` in the proto
-        if params[field.name].default is None:
-            assert field.has_presence, f"{task.name}.{field.name} defaults to None: declare it optional"
+def test_request_fields_are_the_task_requests_fields_in_order(task):
+    """The task's request type is the contract: the proto message and the `Engine` method take its fields, in its
+    order (the client passes them positionally; the server's own fields come last)."""
+    request_fields = {f.name: f for f in dataclasses.fields(task.request_type)}
+    message_fields = SERVICE.methods_by_name[task.rpc].input_type.fields
+    assert [f.name for f in message_fields] == list(request_fields) + list(SERVER_FIELDS)
+    assert list(inspect.signature(getattr(Engine, task.name)).parameters) == ["self", *request_fields]
+    for field in message_fields[:len(message_fields) - len(SERVER_FIELDS)]:
+        default = request_fields[field.name].default
+        if default is not dataclasses.MISSING and default != field.default_value:  # None, True, "right", ...
+            assert field.has_presence, f"{task.name}.{field.name} defaults to {default!r}: declare it optional"
 
 
 def test_every_rpc_but_info_is_a_task():
@@ -48,15 +52,13 @@ def test_every_rpc_but_info_is_a_task():
 
 
 def test_unset_optional_fields_leave_the_library_defaults():
-    assert from_pb(pb.RerankRequest(query="q", documents=["a", "b"])) == {
-        "query": "q", "documents": ["a", "b"], "return_documents": False, "raw_scores": False}
-    assert from_pb(pb.RerankRequest(query="q", documents=["a"], top_n=1, truncate=False, instruction="")) == {
-        "query": "q", "documents": ["a"], "top_n": 1, "truncate": False, "instruction": "", "return_documents": False,
-        "raw_scores": False}
-    assert from_pb(pb.EmbedRequest(texts=["t"], dimensions=8, pooling="mean")) == {
-        "texts": ["t"], "dimensions": 8, "pooling": "mean"}
-    assert from_pb(pb.ClassifyRequest(inputs=["i"], labels=["a", "b"])) == {
-        "inputs": ["i"], "labels": ["a", "b"], "prefix": ""}
+    assert from_pb(pb.RerankRequest(query="q", documents=["a", "b"])) == RerankRequest("q", ["a", "b"])
+    assert from_pb(pb.RerankRequest(query="q", documents=["a"], top_n=1, truncate=False, instruction="")) == \
+        RerankRequest("q", ["a"], instruction="", top_n=1, truncate=False)
+    assert from_pb(pb.EmbedRequest(texts=["t"], dimensions=8, pooling="mean")) == EmbedRequest(
+        ["t"], dimensions=8, pooling="mean")
+    assert from_pb(pb.ClassifyRequest(inputs=["i"], labels=["a", "b"])) == ClassifyRequest(["i"], ["a", "b"])
+    assert from_pb(pb.RerankRequest(query="q", documents=["a"], priority="batch")) == RerankRequest("q", ["a"])
 
 
 def test_results_become_responses():

@@ -23,11 +23,13 @@ from test_tasks_tokenization import counted
 from deployments import tei as tei_fields
 from deployments.auth import load_api_keys
 from deployments.config import AppArgs
+from deployments.engine_request import Priority
 from deployments.http import build_app
 from deployments.metrics import IngressMetrics
 from deployments.model_card import model_card
 from radix_core.engine import Engine
-from radix_core.tasks import TASKS, TaskConfig, load_task_context, task_of
+from radix_core.errors import RequestError
+from radix_core.tasks import TASKS, TaskConfig, TaskRequest, load_task_context, task_for
 from radix_core.tiny_models import make_tiny_tokenizer
 
 MAX_ITEMS = 4
@@ -118,10 +120,10 @@ def test_tokenize_bounds_each_text_by_the_token_limit_before_tokenizing_it():
     assert short.ids == prompts.encode("a radix tree")
 
 
-def task_error(contexts, task: str, request: dict[str, Any]) -> str:
-    with pytest.raises(ValueError) as err:
+def task_error(contexts, task: str, request: dict[str, Any]) -> RequestError:
+    with pytest.raises(RequestError) as err:
         encode(contexts, task, request)
-    return str(err.value)
+    return err.value
 
 
 @pytest.mark.parametrize("names, task, request_, named", [
@@ -134,15 +136,18 @@ def task_error(contexts, task: str, request: dict[str, Any]) -> str:
     (tei_fields.predict_names([1, 4]), "predict", {"inputs": ["x", ""]}, "inputs[4] is empty"),
     (tei_fields.predict_names([1, 4]), "predict", {"inputs": ["x", LONG], "truncate": False},
      "inputs[4] gives a sequence of"),
+    (tei_fields.pair_names([3, 5]), "rerank", {"query": "q", "documents": ["d", LONG], "truncate": False},
+     "inputs[5][1] gives a sequence of"),
+    (tei_fields.ONE_TEXT_EMBED_NAMES, "embed", {"texts": [LONG], "truncate": False}, "inputs gives a sequence of"),
 ])
 def test_tei_names_a_task_error_by_the_field_and_index_the_client_sent(contexts, names, task, request_, named):
     """TEI's requests become task calls of their own shape (a stream's messages grouped by query, /predict's pairs
     by first text and its texts apart): an error names the client's field and index, renamed once."""
-    assert names.rename(task_error(contexts, task, request_)).startswith(named)
+    assert str(task_error(contexts, task, request_).renamed(names)).startswith(named)
 
 
 class LocalIngress:
-    """What the routes tested here use of `deployments.ingress.Ingress` (`Scorer`), with the library's engine in
+    """What the routes tested here use of `deployments.ingress.Ingress` (`Server`), with the library's engine in
     place of the engine deployment: each call is encoded, run as a batch of its own and merged."""
 
     def __init__(self, model: str):
@@ -153,10 +158,10 @@ class LocalIngress:
         self.metrics = IngressMetrics()
         self.engine = Engine.from_pretrained(model, device="cpu", tasks=self.args.task_config())
 
-    async def call(self, task: str, request: dict[str, Any], priority: str | None = None) -> Any:
+    async def answer(self, request: TaskRequest, priority: Priority) -> Any:
         def run():  # one request alone: its priority class orders nothing
-            job = task_of(task).encode(self.context, request)
-            return task_of(task).merge(job, self.engine.run_jobs([job]))
+            job = task_for(request).encode(self.context, request)
+            return task_for(request).merge(job, self.engine.run_jobs([job]))
         return await asyncio.to_thread(run)
 
 
@@ -245,6 +250,6 @@ def test_openai_refuses_an_input_over_the_limit_as_openai_does(http):
     """OpenAI answers an input over the context length with an error, never a silently cut embedding; TEI's
     /embed refuses one unless the client asks to truncate."""
     status, message = post(http(), "/v1/embeddings", {"input": ["a short text", LONG]})
-    assert status == 422 and "1 gives a sequence of" in message and "the limit is 2048" in message, message
+    assert status == 422 and "input[1] gives a sequence of" in message and "the limit is 2048" in message, message
     status, message = post(http(), "/embed", {"inputs": ["a short text", LONG]})
-    assert status == 422 and "inputs[1]" in message, message
+    assert status == 422 and "inputs[1] gives a sequence of" in message, message

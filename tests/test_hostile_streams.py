@@ -12,15 +12,17 @@ import json
 from collections.abc import Callable
 
 import grpc
+import numpy as np
 import pytest
 from ray.serve.grpc_util import RayServegRPCContext
 
 import deployments.http.app as http_app
-import deployments.ingress as ingress_module
 from deployments.auth import ApiKeys
 from deployments.config import AppArgs
-from deployments.ingress import Ingress, TeiStreamEnded
+from deployments.grpc_api.streams import STREAM_WINDOW, StreamEnded
+from deployments.ingress import Ingress
 from deployments.metrics import IngressMetrics
+from radix_core.tasks import EmbedRequest, EmbedResult, RerankRequest, RerankResult, Usage
 from radixserve.tei.v1 import tei_pb2 as tei
 
 KEY = "stream-key"
@@ -64,12 +66,29 @@ def grpc_context(key: str | None = KEY) -> RayServegRPCContext:
     return RayServegRPCContext(ServicerContext([] if key is None else [("authorization", f"Bearer {key}")]))
 
 
+class Counted:
+    """A count others can wait for (`until(n)`), instead of sleeping until it is likely reached."""
+
+    def __init__(self):
+        self.count, self.waiting = 0, {}
+
+    def reached(self, count: int) -> None:
+        self.count = count
+        for n in [n for n in self.waiting if n <= count]:
+            self.waiting.pop(n).set()
+
+    async def until(self, count: int) -> None:
+        if self.count < count:
+            await self.waiting.setdefault(count, asyncio.Event()).wait()
+
+
 class Stream:
     """A client's message stream as Ray's proxy hands it to the replica: `messages`, then the end, or (`idle`)
     nothing more, ever. `read` counts the messages the server took."""
 
     def __init__(self, messages: list, idle: bool = False):
         self.messages, self.idle, self.read = messages, idle, 0
+        self.reads = Counted()
 
     def __aiter__(self):
         return self
@@ -77,28 +96,34 @@ class Stream:
     async def __anext__(self):
         if self.read < len(self.messages):
             self.read += 1
+            self.reads.reached(self.read)
             return self.messages[self.read - 1]
         if self.idle:
             await asyncio.Event().wait()
         raise StopAsyncIteration
 
 
+EMPTY = {RerankRequest: RerankResult([], Usage(0, 0)), EmbedRequest: EmbedResult(np.zeros((1, 1)), Usage(0, 0))}
+
+
 class Answers:
-    """Stands in for `Ingress._tei_answer` (the task calls): records what each call got, and answers at once, or
-    (`block`) never."""
+    """Stands in for `Ingress.answer` (the one request path): records each task request, and answers at once with
+    an empty result, or (`block`) never."""
 
     def __init__(self, block: bool = False):
         self.block, self.calls, self.cancelled = block, [], 0
+        self.called = Counted()
 
-    async def __call__(self, call, request, priority):
+    async def __call__(self, request, priority):
         self.calls.append(request)
+        self.called.reached(len(self.calls))
         if self.block:
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
-        return call.response()
+        return EMPTY[type(request)]
 
 
 class Replica(Ingress.func_or_class):
@@ -115,7 +140,7 @@ def replica(answers: Answers, **settings) -> Ingress:
     ingress.args = AppArgs(max_items_per_request=MAX_ITEMS, max_request_bytes=MAX_REQUEST_BYTES, **settings)
     ingress.api_keys = ApiKeys([KEY])
     ingress.metrics = IngressMetrics()
-    ingress._tei_answer = answers
+    ingress.answer = answers
     return ingress
 
 
@@ -132,7 +157,7 @@ def pairs(queries: list[str], count: int) -> list[tei.RerankStreamRequest]:
 
 
 async def bidirectional(ingress: Ingress, stream: Stream, context: RayServegRPCContext) -> list:
-    """The replies of an EmbedStream call, until it ends (returns) or is ended (TeiStreamEnded propagates)."""
+    """The replies of an EmbedStream call, until it ends (returns) or is ended (StreamEnded propagates)."""
     return [reply async for reply in ingress.EmbedStream(stream, context)]
 
 
@@ -145,7 +170,7 @@ def test_a_stream_without_a_key_is_refused_before_a_message_is_read(method):
     if method == "RerankStream":
         run(ingress.RerankStream(stream, context))
     else:
-        with pytest.raises(TeiStreamEnded):
+        with pytest.raises(StreamEnded):
             run(bidirectional(ingress, stream, context))
     assert context.code() == grpc.StatusCode.UNAUTHENTICATED and "missing API key" in context.details()
     assert stream.read == 0 and answers.calls == []
@@ -172,7 +197,8 @@ def test_a_client_stream_within_the_limits_is_answered_whole():
     messages = pairs(["q1", "q2", "q3"], MAX_ITEMS)
     run(ingress.RerankStream(Stream(messages), context))
     assert context.code() in (None, grpc.StatusCode.OK), context.details()
-    assert answers.calls == [messages]
+    assert [(r.query, list(r.documents)) for r in answers.calls] == [  # one rerank per query, all at once
+        (query, [m.text for m in messages if m.query == query]) for query in ("q1", "q2", "q3")]
 
 
 def test_a_client_stream_over_the_byte_limit_is_refused():
@@ -206,7 +232,7 @@ def test_a_bidirectional_stream_that_goes_idle_is_ended_after_its_answers():
                                                       idle=True), context):
             replies.append(reply)
 
-    with pytest.raises(TeiStreamEnded):
+    with pytest.raises(StreamEnded):
         run(consume())
     assert len(replies) == 2 and context.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert context.details().startswith(f"no message came on the stream for {SHORT_TIMEOUT_S:g} s")
@@ -217,14 +243,13 @@ def test_no_task_outlives_a_cancelled_bidirectional_stream():
     finished, and the reader too, by the time the cancellation has gone through the method."""
     answers = Answers(block=True)
     ingress, context = replica(answers), grpc_context()
-    stream = Stream([tei.EmbedRequest(inputs=f"text {i}") for i in range(3 * ingress_module.TEI_STREAM_WINDOW)])
+    stream = Stream([tei.EmbedRequest(inputs=f"text {i}") for i in range(3 * STREAM_WINDOW)])
 
     async def main():
         before = asyncio.all_tasks()
         call = asyncio.create_task(bidirectional(ingress, stream, context))
-        while len(answers.calls) < ingress_module.TEI_STREAM_WINDOW:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # the reader has read the next message and waits for room
+        await answers.called.until(STREAM_WINDOW)  # the window is full of answers that never finish
+        await stream.reads.until(STREAM_WINDOW + 1)  # the reader has the next message, and no room for it
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
@@ -232,7 +257,7 @@ def test_no_task_outlives_a_cancelled_bidirectional_stream():
 
     left = run(main())
     assert left == []
-    assert len(answers.calls) == ingress_module.TEI_STREAM_WINDOW == answers.cancelled
+    assert len(answers.calls) == STREAM_WINDOW == answers.cancelled
 
 
 # The HTTP face: the application as Ray's proxy drives it, one ASGI call per request.

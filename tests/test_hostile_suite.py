@@ -136,7 +136,9 @@ def test_a_thousand_idle_connections_without_a_key_do_not_stop_either_port(serve
                 reply = await asyncio.to_thread(post, url + "/rerank", {"query": "q", "texts": DOCS})
                 assert reply.status_code == 200, reply.text
                 codes = await asyncio.gather(*(_code(stream) for stream in streams))
-            assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+            # refused before a message is read: UNAUTHENTICATED, or CANCELLED where Ray's proxy races the open
+            # stream (tests/test_hostile_connections.py)
+            assert set(codes) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.CANCELLED}, set(codes)
             for reader, _ in writers:
                 lines.append(await asyncio.wait_for(reader.readline(), 30))
         finally:

@@ -74,7 +74,8 @@ def test_unknown_app_arg_is_refused_by_name(tmp_path):
 
 
 def test_grpc_message_limit_is_max_request_bytes_plus_envelope(tmp_path, monkeypatch):
-    monkeypatch.delenv(GRPC_MESSAGE_SIZE_ENV, raising=False)
+    monkeypatch.setenv(GRPC_MESSAGE_SIZE_ENV, "")  # so the teardown restores what was there (nothing, usually)
+    monkeypatch.delenv(GRPC_MESSAGE_SIZE_ENV)  # and the value set_grpc_message_limit writes does not leak
     config = launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, max_request_bytes=1000)))
     launcher.set_grpc_message_limit(config)
     assert os.environ[GRPC_MESSAGE_SIZE_ENV] == str(1000 + ENVELOPE_BYTES)

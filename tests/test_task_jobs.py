@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from radix_core.engine import Engine
-from radix_core.tasks import TASKS, BatchView, TaskContext, task_of
+from radix_core.tasks import TASKS, BatchView, RerankRequest, TaskContext, task_for, task_of
 from radix_core.tokens import TokenSequences
 
 QUERY = "what is a radix tree"
@@ -121,7 +121,7 @@ def test_context_and_jobs_survive_pickling(engine):
     assert context.prompts.encode("hello\n<|im_end|>x") == e.prompts.encode("hello\n<|im_end|>x")
     for task, request in REQUESTS:
         job = TASKS[task].encode(context, request)
-        assert job.task == task
+        assert task_for(job) is TASKS[task]
         again = pickle.loads(pickle.dumps(job))
         assert again.sequences.tolists() == job.sequences.tolists()
         (partial,) = e.run_jobs([again])
@@ -151,3 +151,35 @@ def test_rerank_with_a_multi_label_score_head_is_refused_before_any_batch(tiny_m
     assert len(TASKS["rerank"].encode(e.context, {"query": "q", "documents": ["d"]}).sequences) == 1
     with pytest.raises(ValueError, match="has a 3-label score head; reranking needs a single relevance logit"):
         TASKS["rerank"].encode(replace(e.context, labels=("a", "b", "c")), {"query": "q", "documents": ["d"]})
+
+
+def test_a_typed_request_and_a_mapping_of_its_fields_are_one_request(engine):
+    """The request type is the contract: `encode` takes it or a mapping of its fields, the registry finds the task by
+    the request's type and by the job's, and the `Engine` method takes the same fields."""
+    e = engine()
+    typed = RerankRequest(QUERY, DOCS, top_n=2)
+    job = TASKS["rerank"].encode(e.context, typed)
+    assert job.sequences.tolists() == encode(e, "rerank", {"query": QUERY, "documents": DOCS, "top_n": 2}
+                                             ).sequences.tolists()
+    assert task_for(typed) is task_for(job) is TASKS["rerank"]
+    assert [h.index for h in e.answer(typed).results] == [h.index for h in e.rerank(QUERY, DOCS, top_n=2).results]
+    with pytest.raises(TypeError, match="dict is no task's request or job"):
+        task_for({"query": QUERY})
+
+
+def test_the_tasks_package_has_no_import_circle():
+    """Dependencies run one way: task modules -> base, request, usage, view, context; registry -> task modules;
+    the engine side (`radix_core.finish`) -> registry. Every import counts, TYPE_CHECKING ones too."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[1] / "radix_core" / "tasks"
+    imports = {}
+    for path in root.glob("*.py"):
+        found = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
+        imports[path.stem] = {m.rsplit(".", 1)[1] for m in found if m and m.startswith("radix_core.tasks.")}
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(m == target or (m not in seen and reaches(m, target, seen | {m})) for m in imports.get(start, ()))
+
+    assert [m for m in imports if m != "__init__" and reaches(m, m, set())] == []

@@ -80,7 +80,7 @@ def test_a_part_never_exceeds_the_bound_unless_one_item_does(engine):
 
 
 def test_prefix_key_is_equal_for_one_query_and_differs_across_queries(engine):
-    from deployments.ingress import prefix_key
+    from deployments.request_path import prefix_key
 
     def key(task, request):
         return prefix_key(TASKS[task].encode(engine.context, request))

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from radix_core.prompt_encoding import PromptTokenizer
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER, PromptParts, classify_parts
 from radix_core.tiny_models import CORPUS_PATH, make_tiny_tokenizer
-from radix_core.tokenization import PromptTokenizer
 
 # Pieces that provoke merges across a join: spaces and newlines that glue to neighbours, punctuation runs, a
 # combining mark NFC composes with the letter before it, contractions, digits, CJK, emoji, special tokens.

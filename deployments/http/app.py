@@ -1,7 +1,7 @@
 """`build_app(ingress)`: the FastAPI application Ray Serve's HTTP proxy (port 8000) sends to the `Ingress`
 replica (`@serve.ingress` builds it per replica, after the constructor, from `Ingress.__serve_build_asgi_app__`).
 
-Every dialect's routes (`DIALECTS`) call the ingress's `call(task, request)`, the path gRPC requests take, so
+Every dialect's routes (`DIALECTS`) call the ingress's `answer(request)`, the path gRPC requests take, so
 HTTP and gRPC share validation, tokenizing, prefix keys, routing and batching. What the application adds:
 
 * the API key checked from the headers alone, before any of the body is read (`KeyFirst`): Ray's proxy gives a
@@ -36,7 +36,8 @@ from deployments.http.dialect import Dialect
 from deployments.http.errors import BACKEND, PAYLOAD_TOO_LARGE, REQUEST_TIMEOUT, VALIDATION, ApiError, api_error
 from deployments.http.metering import Metered
 from deployments.http.registry import DEFAULT_DIALECT, DIALECTS
-from deployments.http.service import PriorityHeader, Scorer, Service
+from deployments.http.service import PriorityHeader, Service
+from deployments.server import Server
 from radix_core.errors import RequestError
 from radixserve import __version__
 
@@ -46,7 +47,7 @@ DESCRIPTION = ("Drop-in HTTP APIs of Cohere (rerank v1/v2, Jina's rerank on /v1/
                "batch. `x-radixserve-computed-tokens` on each answer counts the tokens computed after that.")
 
 
-def build_app(scorer: Scorer) -> FastAPI:
+def build_app(scorer: Server) -> FastAPI:
     service = Service(scorer)
     app = FastAPI(title="radixserve", version=__version__, description=DESCRIPTION)
     owners: dict[str, Dialect] = {}

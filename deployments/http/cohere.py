@@ -24,9 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from deployments.http.dialect import Dialect
 from deployments.http.errors import ErrorKind
 from deployments.http.service import Service
-from radix_core.tasks import RerankResult
+from radix_core.errors import FieldNames
+from radix_core.tasks import RerankRequest, RerankResult
 
 DOCUMENTS_PER_SEARCH_UNIT = 100
+V2_NAMES: FieldNames = {"max_document_tokens": "max_tokens_per_doc"}  # the library's fields as v2 names them
 
 
 class Document(BaseModel):
@@ -111,17 +113,16 @@ class CohereDialect(Dialect):
         async def rerank_v1(body: RerankV1Request):
             service.check_model(body.model)
             documents = [d if isinstance(d, str) else d.text for d in body.documents]
-            result = await service.run("rerank", {"query": body.query, "documents": documents, "top_n": body.top_n,
-                                                  "return_documents": body.return_documents})
+            result = await service.run(RerankRequest(body.query, documents, top_n=body.top_n,
+                                                     return_documents=body.return_documents))
             return await service.respond(self._v1, result, len(documents), service.card.served_model_name,
                                          usage=result.usage)
 
         @router.post("/v2/rerank", responses={200: {"model": RerankV2Response}}, summary="Cohere v2 rerank")
         async def rerank_v2(body: RerankV2Request):
             service.check_model(body.model)
-            result = await service.run("rerank", {"query": body.query, "documents": body.documents,
-                                                  "top_n": body.top_n, "max_document_tokens": body.max_tokens_per_doc},
-                                       rename=_cohere_names)
+            result = await service.run(RerankRequest(body.query, body.documents, top_n=body.top_n,
+                                                     max_document_tokens=body.max_tokens_per_doc), V2_NAMES)
             return await service.respond(self._v2, result, len(body.documents), usage=result.usage)
 
         return router
@@ -147,9 +148,3 @@ class CohereDialect(Dialect):
         return {**cls._v2(result, num_documents, version="1"), "model": model,
                 "usage": {"total_tokens": usage.input_tokens, "prompt_tokens": usage.input_tokens,
                           "computed_tokens": usage.computed_tokens}}
-
-
-
-def _cohere_names(message: str) -> str:
-    """A task error in Cohere's field names: `max_tokens_per_doc`, not the library's `max_document_tokens`."""
-    return message.replace("max_document_tokens", "max_tokens_per_doc")

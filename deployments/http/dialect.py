@@ -1,6 +1,8 @@
 """`Dialect`: one client API (Cohere, OpenAI, TEI) spoken over HTTP. A dialect owns its request and response
-models, the routes that convert them to and from the library's task arguments, and the error body its clients
-parse; `deployments.http.app` builds the application from the registry `DIALECTS` (`deployments.http.registry`).
+models, the routes that convert them to and from the tasks' requests and results (`RerankRequest(...)`, then
+`service.run(request, NAMES)`), the table naming the library's fields as its clients do (`NAMES`, applied to a
+task's structured error), and the error body its clients parse; `deployments.http.app` builds the application
+from the registry `DIALECTS` (`deployments.http.registry`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""`Metered`: ASGI middleware that meters the HTTP face's scoring requests (POST) as `_rpc` meters gRPC calls:
-`radixserve_requests` and its duration by task, `api` (`http_<dialect>`, the dialect that owns the path) and
-outcome as a gRPC status name, and the tokens of what was answered (the task calls count them into the meter).
+"""`Metered`: ASGI middleware that meters the HTTP face's scoring requests (POST) as `answer_call` meters gRPC calls
+(`deployments.grpc_api.calls`): `radixserve_requests` and its duration by task, `api` (`http_<dialect>`, the dialect
+that owns the path) and outcome as a gRPC status name, and the tokens of what was answered (the request path
+counts them into the meter).
 The task label is the one the route ran (`Service.run` names it); a request refused before any task is `none`."""
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ tokens left after shared prefixes were computed once. Errors are OpenAI's `{"err
 from __future__ import annotations
 
 import base64
-import re
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
@@ -23,7 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from deployments.http.dialect import Dialect
 from deployments.http.errors import VALIDATION, ApiError, ErrorKind
 from deployments.http.service import Service
-from radix_core.tasks import EmbedResult
+from radix_core.errors import FieldNames
+from radix_core.tasks import EmbedRequest, EmbedResult
+
+NAMES: FieldNames = {"texts": "input"}  # the library's fields as OpenAI names them
 
 
 class EmbeddingsRequest(BaseModel):
@@ -65,8 +67,7 @@ class OpenAIDialect(Dialect):
         async def embeddings(body: EmbeddingsRequest):
             service.check_model(body.model)
             texts = _texts(body.input)
-            result = await service.run("embed", {"texts": texts, "dimensions": body.dimensions, "truncate": False},
-                                       rename=_openai_names)
+            result = await service.run(EmbedRequest(texts, dimensions=body.dimensions, truncate=False), NAMES)
             return await service.respond(_response, result, body.encoding_format, service.card.served_model_name,
                                          usage=result.usage)
 
@@ -74,11 +75,6 @@ class OpenAIDialect(Dialect):
 
     def error_body(self, kind: ErrorKind, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": kind.name, "param": None, "code": kind.status}}
-
-
-def _openai_names(message: str) -> str:
-    """A task error in OpenAI's field names: `input`, not the library's `texts`."""
-    return re.sub(r"\btexts\b", "input", message)
 
 
 def _texts(value: str | list[str] | list[int] | list[list[int]]) -> list[str]:

@@ -1,53 +1,42 @@
 """`Service`: what every HTTP route shares, over the one `Ingress` replica it runs in: the API key, the model
-name, the call into the ingress (the same validation, tokenizing, prefix key, router and batcher as gRPC), and the
-response rendered in a worker thread with the call's token usage in headers.
+name, the one request path (`Server.answer`: the same validation, tokenizing, prefix key, router and batcher as
+gRPC), and the response rendered in a worker thread with the call's token usage in headers.
 
-Routes convert their dialect's request into the task's keyword arguments and the task's result back; they do no
-work of their own on the event loop beyond that. A request's class comes from its `x-radixserve-priority` header
-(`interactive`, the default, or `batch`), which the `PriorityHeader` middleware hands to `run`.
+Routes convert their dialect's body into the task's request (`RerankRequest`, ...) and the task's result back;
+they do no work of their own on the event loop beyond that. A task's error names the dialect's fields through the
+dialect's table (`run(..., names=...)`, applied to the structured `RequestError`). A request's class comes from
+its `x-radixserve-priority` header (`interactive`, the default, or `batch`), which the `PriorityHeader`
+middleware hands to `run`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deployments.auth import ApiKeys
-from deployments.config import AppArgs
-from deployments.engine_request import PRIORITY_HEADER
-from deployments.grpc_status import retry_after_s
+from deployments.engine_request import PRIORITY_HEADER, Priority
+from deployments.grpc_status import root_cause
 from deployments.http.errors import NOT_FOUND, UNAUTHORIZED, ApiError, api_error
-from deployments.metrics import IngressMetrics, name_task
+from deployments.metrics import name_task
 from deployments.model_card import ModelCard
-from radix_core.tasks import TaskContext, Usage
+from deployments.request_path import gather_or_cancel
+from deployments.server import Server
+from radix_core.errors import FieldNames, RequestError
+from radix_core.tasks import TaskRequest, Usage, task_for
 
 COMPUTED_TOKENS_HEADER = "x-radixserve-computed-tokens"  # tokens computed after shared prefixes were deduplicated
 INPUT_TOKENS_HEADER = "x-radixserve-input-tokens"  # tokens of the call's sequences as sent to the model
 _PRIORITY: ContextVar[str | None] = ContextVar("radixserve_http_priority", default=None)
 
 
-class Scorer(Protocol):
-    """The parts of `deployments.ingress.Ingress` the routes use."""
-
-    args: AppArgs
-    api_keys: ApiKeys
-    context: TaskContext
-    card: ModelCard
-    metrics: IngressMetrics
-
-    async def call(self, task: str, request: dict[str, Any], priority: str | None = None) -> Any: ...
-
-    async def info(self) -> dict[str, Any]: ...
-
-
 class Service:
-    def __init__(self, scorer: Scorer):
+    def __init__(self, scorer: Server):
         self.scorer = scorer
 
     @property
@@ -66,16 +55,28 @@ class Service:
             raise ApiError(NOT_FOUND, f"model {name!r} is not served here: this server serves "
                                       f"{self.card.served_model_name!r}; send that as model, or leave model out")
 
-    async def run(self, task: str, request: dict[str, Any], rename: Callable[[str], str] | None = None) -> Any:
-        """The task's result; any error as an ApiError. `rename` rewrites an error message's argument names into
-        the dialect's field names, so a validation message names the field the client sent."""
-        name_task(task)
-        try:
-            return await self.scorer.call(task, request, _PRIORITY.get())
-        except Exception as err:  # every error becomes an ApiError; status_of logs the unexpected ones
-            error = api_error(err)
-            detail = error.detail if rename is None else rename(error.detail)
-            raise ApiError(error.kind, detail, retry_after_s(err)) from None
+    async def run(self, request: TaskRequest, names: FieldNames | None = None) -> Any:
+        """The request's result; any error as an ApiError, a task's error in the dialect's field names (`names`:
+        the library's field -> the dialect's, `RequestError.renamed`)."""
+        (result,) = await self.run_all([request], [names])
+        return result
+
+    async def run_all(self, requests: Sequence[TaskRequest], names: Sequence[FieldNames | None]) -> list[Any]:
+        """The results of several requests that answer one HTTP request, all at once (the first failure cancels
+        the others); request i's errors in the field names `names[i]`. The metered task is the last one's."""
+        name_task(task_for(requests[-1]).name)
+        priority = Priority.parse(_PRIORITY.get())
+
+        async def one(request: TaskRequest, table: FieldNames | None) -> Any:
+            try:
+                return await self.scorer.answer(request, priority)
+            except Exception as err:  # every error becomes an ApiError; status_of logs the unexpected ones
+                cause = root_cause(err)
+                if table and isinstance(cause, RequestError):
+                    err = cause.renamed(table)
+                raise api_error(err) from None
+
+        return await gather_or_cancel([one(request, table) for request, table in zip(requests, names)])
 
     async def respond(self, render: Callable[..., Any], *args: Any, usage: Usage | None = None) -> JSONResponse:
         """`render(*args)` as a JSON response, rendered and encoded in a worker thread; the usage in headers."""

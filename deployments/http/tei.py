@@ -10,7 +10,8 @@
 
 `/info` and `/health` need no API key. `model_type` is the model card's primary task (`deployments.tei`): rerank ->
 reranker, embed -> embedding, classify -> classifier; every route works whatever it says. TEI's fields become the
-library's arguments in `deployments.tei`, shared with the gRPC API.
+tasks' requests in `deployments.tei`, shared with the gRPC API, as do the tables naming a task's error in TEI's
+fields.
 
 `/predict` classifies each text with the predict task (the model's sequence-classification labels, best first) and
 scores each [text, text_pair] pair with the rerank task (the pairs of one text are one request, so they share its
@@ -33,10 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments import tei as tei_fields
 from deployments.http.dialect import Dialect
-from deployments.http.errors import UNHEALTHY, VALIDATION, ApiError, ErrorKind
+from deployments.http.errors import UNHEALTHY, ApiError, ErrorKind
 from deployments.http.service import Service
+from radix_core.errors import RequestError
 from radix_core.tasks import PredictResult, RerankResult, TaskContext, Usage
-from radix_core.tasks.base import check_count, check_items
+from radix_core.tasks.request import check_count, check_items
 
 HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers within this
 
@@ -125,17 +127,17 @@ class TeiDialect(Dialect):
 
         @router.post("/rerank", responses={200: {"model": list[RankItem]}}, summary="TEI rerank", **keyed)
         async def rerank(body: RerankRequest):
-            arguments = tei_fields.rerank_arguments(body.query, body.texts, body.raw_scores, body.return_text,
-                                                    body.truncate, body.truncation_direction)
-            result = await service.run("rerank", arguments, rename=tei_fields.RERANK_NAMES.rename)
+            request = tei_fields.rerank_request(body.query, body.texts, body.raw_scores, body.return_text,
+                                                body.truncate, body.truncation_direction)
+            result = await service.run(request, tei_fields.RERANK_NAMES)
             return await service.respond(_ranks, result, usage=result.usage)
 
         @router.post("/embed", responses={200: {"model": list[list[float]]}}, summary="TEI embed", **keyed)
         async def embed(body: EmbedRequest):
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-            arguments = tei_fields.embed_arguments(texts, body.normalize, body.dimensions, body.truncate,
-                                                   body.truncation_direction, body.prompt_name)
-            result = await service.run("embed", arguments, rename=tei_fields.EMBED_NAMES.rename)
+            request = tei_fields.embed_request(texts, body.normalize, body.dimensions, body.truncate,
+                                               body.truncation_direction, body.prompt_name)
+            result = await service.run(request, tei_fields.EMBED_NAMES)
             return await service.respond(lambda: result.embeddings.tolist(), usage=result.usage)
 
         @router.post("/predict", responses={200: {"model": list[list[Prediction]]}},
@@ -196,32 +198,34 @@ def _predict_inputs(inputs: str | list, max_items: int) -> tuple[bool, list[str 
     else:
         single, items = False, inputs
     if not items:
-        raise ApiError(VALIDATION, "inputs is empty: give at least one text or [text, text_pair] pair")
+        raise RequestError.about("inputs", "is empty", "give at least one text or [text, text_pair] pair")
     check_count("inputs", len(items), max_items)
     for i, item in enumerate(items):
         if not isinstance(item, str) and len(item) != 2:
-            raise ApiError(VALIDATION, f"inputs[{i}] has {len(item)} texts: give a text or a [text, text_pair] pair")
+            raise RequestError.about("inputs", f"has {len(item)} texts", "give a text or a [text, text_pair] pair",
+                                     index=i)
     return single, [item if isinstance(item, str) else tuple(item) for item in items]
 
 
 async def _predict(service: Service, items: Sequence[str | tuple[str, str]],
                    body: PredictRequest) -> tuple[list[list[dict[str, Any]]], Usage]:
-    """Each item's [{label, score}], in order: the texts in one predict request and the pairs in one rerank request
-    per distinct first text, all at once."""
+    """Each item's [{label, score}], in order: the pairs in one rerank request per distinct first text and the texts
+    in one predict request, all at once; an error names the item the client sent (`pair_names`,
+    `predict_names`)."""
     texts = [i for i, item in enumerate(items) if isinstance(item, str)]
     by_query: dict[str, list[int]] = {}
     for i, item in enumerate(items):
         if not isinstance(item, str):
             by_query.setdefault(item[0], []).append(i)
-    calls = [service.run("rerank", tei_fields.rerank_arguments(query, [items[i][1] for i in indices],
-                                                               body.raw_scores, False, body.truncate,
-                                                               body.truncation_direction),
-                         rename=tei_fields.pair_names(indices).rename) for query, indices in by_query.items()]
+    requests = [tei_fields.rerank_request(query, [items[i][1] for i in indices], body.raw_scores, False,
+                                          body.truncate, body.truncation_direction)
+                for query, indices in by_query.items()]
+    names = [tei_fields.pair_names(indices) for indices in by_query.values()]
     if texts:
-        arguments = tei_fields.predict_arguments([items[i] for i in texts], body.raw_scores, body.truncate,
-                                                 body.truncation_direction)
-        calls.append(service.run("predict", arguments, rename=tei_fields.predict_names(texts).rename))
-    results = await asyncio.gather(*calls)
+        requests.append(tei_fields.predict_request([items[i] for i in texts], body.raw_scores, body.truncate,
+                                                   body.truncation_direction))
+        names.append(tei_fields.predict_names(texts))
+    results = await service.run_all(requests, names)
     rows: list[list[dict[str, Any]]] = [[] for _ in items]
     label = tei_fields.rerank_label(service.card)
     for indices, result in zip(by_query.values(), results):

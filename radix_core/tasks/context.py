@@ -8,9 +8,9 @@ from transformers import PretrainedConfig
 
 from radix_core.architectures import head_of, load_config, max_seq_len
 from radix_core.errors import RequestError
+from radix_core.prompt_encoding import PromptTokenizer, load_prompt_tokenizer
 from radix_core.tasks.config import TaskConfig
 from radix_core.templates import Template, resolve_template
-from radix_core.tokenization import PromptTokenizer, load_prompt_tokenizer
 
 
 @dataclass(frozen=True)

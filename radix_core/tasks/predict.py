@@ -11,19 +11,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from radix_core.errors import RequestError
-from radix_core.tasks.base import HeadQuery, Task, TaskJob, Usage, check_flag, check_items, check_truncation, usage_dict
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, naming_items
 from radix_core.tasks.context import TaskContext
+from radix_core.tasks.request import TRUNCATION_DIRECTIONS, TaskRequest, choice, flag, items
+from radix_core.tasks.usage import Usage
+from radix_core.tasks.view import BatchView
 from radix_core.templates import PromptParts
 from radix_core.tokens import TokenSequences
 
-if TYPE_CHECKING:
-    from radix_core.tasks.view import BatchView
+
+@dataclass(frozen=True)
+class PredictRequest(TaskRequest):
+    """Score each of `inputs` with the model's labels; see the module docstring.
+
+    `raw_scores`: the logits instead of probabilities. `truncate`: cut an input over the per-sequence token limit
+    (False: refuse it). `truncation_direction`: "right" cuts its end, "left" its start, at a token boundary,
+    re-tokenized as the tokenizer would encode it.
+    """
+
+    inputs: Sequence[str] = items()
+    raw_scores: bool = flag(False)
+    truncate: bool = flag(True)
+    truncation_direction: str = choice(TRUNCATION_DIRECTIONS, "right", " (the side of a text that is cut)")
 
 
 @dataclass(frozen=True)
@@ -52,7 +67,6 @@ class PredictScores:
 class PredictJob(TaskJob):
     """One sequence per input, scored by the whole score head at its last token."""
 
-    task = "predict"
     labels: tuple[str, ...]  # by label id
     raw_scores: bool
 
@@ -60,33 +74,26 @@ class PredictJob(TaskJob):
 class PredictTask(Task):
     name = "predict"
     rpc = "Predict"
+    request_type = PredictRequest
+    job_type = PredictJob
 
-    def job(self, context: TaskContext, /, inputs: Sequence[str], raw_scores: bool = False, truncate: bool = True,
-            truncation_direction: str = "right") -> PredictJob:
-        """Score each of `inputs` with the model's labels; see the module docstring.
-
-        `truncate`: cut an input over the per-sequence token limit (False: refuse it). `truncation_direction`:
-        "right" cuts its end, "left" its start, at a token boundary, re-tokenized as the tokenizer would encode it.
-        """
-        check_items("inputs", inputs, context.config.max_items)
-        check_truncation(truncation_direction)
-        check_flag("raw_scores", raw_scores)
-        check_flag("truncate", truncate)
+    def job(self, context: TaskContext, request: PredictRequest) -> PredictJob:
         if context.head != "seq_cls":
             raise RequestError(f"model {context.model!r} has no sequence-classification head, so it has no labels "
                                f"of its own to predict", "use a ForSequenceClassification model, or classify with "
                                "labels you give (the classify task)")
         prompts = context.prompt_tokenizer()
-        batch = prompts.encode_prompts(PromptParts((), list(inputs), ()), context.token_limit, truncate,
-                                       end_ids=prompts.trailing_ids, what="input",
-                                       special_tokens_in_user_text=context.config.special_tokens_in_user_text,
-                                       truncation_direction=truncation_direction)
+        with naming_items("inputs", "input"):
+            batch = prompts.encode_prompts(PromptParts((), list(request.inputs), ()), context.token_limit,
+                                           request.truncate, end_ids=prompts.trailing_ids, what="input",
+                                           special_tokens_in_user_text=context.config.special_tokens_in_user_text,
+                                           truncation_direction=request.truncation_direction)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
-            raise RequestError(f"inputs[{empty}] gives no tokens: this tokenizer drops all of its characters and "
-                               f"adds none of its own", "give it a visible character", field="inputs", index=empty)
+            raise RequestError.about("inputs", "gives no tokens: this tokenizer drops all of its characters and adds "
+                                     "none of its own", "give it a visible character", index=empty)
         return PredictJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.labels,
-                          raw_scores)
+                          request.raw_scores)
 
     def head_query(self, job: PredictJob) -> HeadQuery:
         n = len(job.sequences)
@@ -108,4 +115,4 @@ class PredictTask(Task):
 
     def to_dict(self, result: PredictResult) -> dict[str, Any]:
         return {"results": [{"scores": [{"label": hit.label, "score": hit.score} for hit in row]}
-                            for row in result.results], "usage": usage_dict(result.usage)}
+                            for row in result.results], "usage": result.usage.to_dict()}

@@ -11,32 +11,54 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from radix_core.errors import RequestError
-from radix_core.tasks.base import (
-    HeadQuery,
-    Task,
-    TaskJob,
-    Usage,
-    check_flag,
-    check_items,
-    check_optional_int,
-    check_optional_text,
-    check_text,
-    check_truncation,
-    usage_dict,
-)
+from radix_core.prompt_encoding import EncodedBatch
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, naming_items
 from radix_core.tasks.context import TaskContext
+from radix_core.tasks.request import (
+    TRUNCATION_DIRECTIONS,
+    TaskRequest,
+    choice,
+    flag,
+    items,
+    optional_text,
+    text,
+    token_cap,
+    whole,
+)
+from radix_core.tasks.usage import Usage
+from radix_core.tasks.view import BatchView
 from radix_core.templates import CrossEncoderPair, RerankTemplate
-from radix_core.tokenization import EncodedBatch
 from radix_core.tokens import TokenSequences
 
-if TYPE_CHECKING:
-    from radix_core.tasks.view import BatchView
+
+@dataclass(frozen=True)
+class RerankRequest(TaskRequest):
+    """Score `documents` against `query`; see the module docstring for the score of each model kind.
+
+    `instruction`: the task's instruction in the template (a causal-LM reranker's). `top_n`: return only the best
+    `top_n`. `return_documents`: echo each document in its hit. `raw_scores`: the logit difference (or the score
+    head's logit) instead of a probability. `truncate`: cut a document whose prompt exceeds the per-sequence token
+    limit (False: refuse it). `max_document_tokens`: first cut each document to at most that many tokens of its
+    own (Cohere's `max_tokens_per_doc`). `truncation_direction`: "right" cuts a document's end, "left" its start.
+    Every cut is at a token boundary and the prompt is tokenized with the kept text, as the tokenizer would
+    encode it.
+    """
+
+    query: str = text()
+    documents: Sequence[str] = items()
+    instruction: str | None = optional_text()
+    top_n: int | None = whole(at_least=1)
+    return_documents: bool = flag(False)
+    raw_scores: bool = flag(False)
+    truncate: bool = flag(True)
+    max_document_tokens: int | None = token_cap()
+    truncation_direction: str = choice(TRUNCATION_DIRECTIONS, "right", " (the side of a text that is cut)")
 
 
 @dataclass(frozen=True)
@@ -69,7 +91,6 @@ class RerankJob(TaskJob):
     """One sequence per document; scored by the (no, yes) answer logits of a causal LM (`answer_ids`), else
     (None) by the one-label score head. `top_n` and `documents` apply when the parts are merged."""
 
-    task = "rerank"
     answer_ids: tuple[int, int] | None  # (no, yes) token ids
     raw_scores: bool
     top_n: int | None
@@ -82,40 +103,24 @@ class RerankJob(TaskJob):
 class RerankTask(Task):
     name = "rerank"
     rpc = "Rerank"
+    request_type = RerankRequest
+    job_type = RerankJob
 
-    def job(self, context: TaskContext, /, query: str, documents: Sequence[str], instruction: str | None = None,
-            top_n: int | None = None, return_documents: bool = False, raw_scores: bool = False,
-            truncate: bool = True, max_document_tokens: int | None = None,
-            truncation_direction: str = "right") -> RerankJob:
-        """Score `documents` against `query`; see the module docstring for the score of each model kind.
-
-        `truncate`: cut a document whose prompt exceeds the per-sequence token limit (False: refuse it).
-        `max_document_tokens`: first cut each document to at most that many tokens of its own (Cohere's
-        `max_tokens_per_doc`). `truncation_direction`: "right" cuts a document's end, "left" its start. Every cut
-        is at a token boundary and the prompt is tokenized with the kept text, as the tokenizer would encode it.
-        """
-        check_text("query", query)
-        check_items("documents", documents, context.config.max_items)
-        check_optional_text("instruction", instruction)
-        check_truncation(truncation_direction, "max_document_tokens", max_document_tokens)
-        check_flag("return_documents", return_documents)
-        check_flag("raw_scores", raw_scores)
-        check_flag("truncate", truncate)
-        check_optional_int("top_n", top_n)
-        if top_n is not None and top_n < 1:
-            raise RequestError(f"top_n must be at least 1, got {top_n}", field="top_n", limit=1)
+    def job(self, context: TaskContext, request: RerankRequest) -> RerankJob:
         if context.head not in ("causal_lm", "seq_cls"):
             raise RequestError(f"model {context.model!r} has no LM or score head, so it cannot rerank",
                                "use a causal-LM reranker (Qwen3-Reranker) or a sequence-classification model")
         if context.head == "seq_cls" and context.num_labels != 1:
             raise RequestError(f"model {context.model!r} has a {context.num_labels}-label score head; reranking "
                                f"needs a single relevance logit (num_labels=1)")
-        template = context.template("rerank")
+        template = context.template(self.name)
         answer_ids = _answer_ids(context, template)
-        batch = encode_rerank(context, template, query, documents, instruction, truncate, truncation_direction,
-                              max_document_tokens)
-        return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids, raw_scores,
-                         top_n, tuple(documents) if return_documents else None)
+        with naming_items("documents", "document"):
+            batch = encode_rerank(context, template, request.query, request.documents, request.instruction,
+                                  request.truncate, request.truncation_direction, request.max_document_tokens)
+        return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids,
+                         request.raw_scores, request.top_n,
+                         tuple(request.documents) if request.return_documents else None)
 
     def head_query(self, job: RerankJob) -> HeadQuery:
         n = len(job.sequences)
@@ -139,7 +144,7 @@ class RerankTask(Task):
     def to_dict(self, result: RerankResult) -> dict[str, Any]:
         hits = [{"index": h.index, "score": h.score, **({"document": h.document} if h.document is not None else {})}
                 for h in result.results]
-        return {"results": hits, "usage": usage_dict(result.usage)}
+        return {"results": hits, "usage": result.usage.to_dict()}
 
 
 def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderPair, query: str,

@@ -16,29 +16,44 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from radix_core.continuations import EncodedContinuations
 from radix_core.errors import RequestError
-from radix_core.tasks.base import (
-    HeadQuery,
-    Task,
-    TaskJob,
-    Usage,
-    check_items,
-    check_optional_text,
-    check_text,
-    usage_dict,
-)
+from radix_core.tasks.base import HeadQuery, Task, TaskJob, check_continuations
 from radix_core.tasks.context import TaskContext
+from radix_core.tasks.request import TaskRequest, items, optional_text, template_or_text, text
+from radix_core.tasks.usage import Usage
+from radix_core.tasks.view import BatchView
 from radix_core.templates import PromptParts, classify_parts
-from radix_core.tokenization import EncodedContinuations
 from radix_core.tokens import TokenSequences
 
-if TYPE_CHECKING:
-    from radix_core.tasks.view import BatchView
+
+@dataclass(frozen=True)
+class ScoreRequest(TaskRequest):
+    """Log-probabilities of each of `continuations` after `context`; see the module docstring."""
+
+    context: str = text()
+    continuations: Sequence[str] = items()
+
+
+@dataclass(frozen=True)
+class ClassifyRequest(TaskRequest):
+    """Probability of each of `labels` after `prefix + template(input)` for each of `inputs`; see the module
+    docstring. `template` is a format string with `{input}` (its text before `{input}` joins the shared prefix) or
+    a callable; a request encoded in another process must hold a string, as a callable need not pickle (the job
+    never holds it).
+
+    Every (input, label) pair is a sequence, so `max_items` bounds their number, inputs x labels, as it bounds a
+    rerank's documents; a request over it is refused before anything is tokenized."""
+
+    inputs: Sequence[str] = items()
+    labels: Sequence[str] = items()
+    prefix: str = optional_text("")
+    template: str | Callable[[str], str] | None = template_or_text()
 
 
 @dataclass(frozen=True)
@@ -110,14 +125,11 @@ class ContinuationJob(TaskJob):
 class ScoreJob(ContinuationJob):
     """Items are the continuations, in request order, one per group."""
 
-    task = "score"
-
 
 @dataclass(frozen=True)
 class ClassifyJob(ContinuationJob):
     """Items are input-major: item `i * len(labels) + j` is label j after input i; a group is one input."""
 
-    task = "classify"
     labels: tuple[str, ...]
 
 
@@ -137,15 +149,15 @@ class ContinuationTask(Task):
 class ScoreTask(ContinuationTask):
     name = "score"
     rpc = "Score"
+    request_type = ScoreRequest
+    job_type = ScoreJob
 
-    def job(self, task_context: TaskContext, /, context: str, continuations: Sequence[str]) -> ScoreJob:
-        """Log-probabilities of each continuation after `context`; see the module docstring."""
-        check_text("context", context)
-        check_items("continuations", continuations, task_context.config.max_items)
+    def job(self, task_context: TaskContext, request: ScoreRequest) -> ScoreJob:
         prompts = task_context.prompt_tokenizer()
         encoded = prompts.encode_continuations(
-            PromptParts(context, [""], ""), continuations, task_context.token_limit,
+            PromptParts(request.context, [""], ""), request.continuations, task_context.token_limit,
             special_tokens_in_user_text=task_context.config.special_tokens_in_user_text)
+        check_continuations(encoded, task_context.token_limit)
         return ScoreJob(*_layout(task_context, encoded, group_size=1))
 
     def merge(self, job: ScoreJob, partials: Sequence[ItemLogprobs]) -> ScoreResult:
@@ -156,36 +168,26 @@ class ScoreTask(ContinuationTask):
     def to_dict(self, result: ScoreResult) -> dict[str, Any]:
         scores = [{"index": s.index, "logprob": s.logprob, "mean_logprob": s.mean_logprob, "num_tokens": s.num_tokens}
                   for s in result.scores]
-        return {"scores": scores, "usage": usage_dict(result.usage)}
+        return {"scores": scores, "usage": result.usage.to_dict()}
 
 
 class ClassifyTask(ContinuationTask):
     name = "classify"
     rpc = "Classify"
+    request_type = ClassifyRequest
+    job_type = ClassifyJob
 
-    def job(self, task_context: TaskContext, /, inputs: Sequence[str], labels: Sequence[str], prefix: str = "",
-            template: str | Callable[[str], str] | None = None) -> ClassifyJob:
-        """Probability of each label after `prefix + template(input)`; see the module docstring. `template` is a
-        format string with `{input}` (its text before `{input}` joins the shared prefix) or a callable; a request
-        encoded in another process must hold a string, as a callable need not pickle (the job never holds it).
-
-        Every (input, label) pair is a sequence, so `max_items` bounds their number, inputs x labels, as it bounds
-        a rerank's documents; a request over it is refused before anything is tokenized."""
-        max_items = task_context.config.max_items
-        check_items("inputs", inputs, max_items)
-        check_items("labels", labels, max_items)
-        _check_pairs(len(inputs), len(labels), max_items)
+    def job(self, task_context: TaskContext, request: ClassifyRequest) -> ClassifyJob:
+        inputs, labels = request.inputs, request.labels
+        _check_pairs(len(inputs), len(labels), task_context.config.max_items)
         if len(set(labels)) != len(labels):
-            raise RequestError(f"labels must be distinct, got {list(labels)}", "send each label once",
-                               field="labels")
-        check_optional_text("prefix", prefix)
-        if not callable(template):
-            check_optional_text("template", template)
-        parts = classify_parts(prefix, template, inputs)
+            raise RequestError.about("labels", f"must be distinct, got {list(labels)}", "send each label once")
+        parts = classify_parts(request.prefix, request.template, inputs)
         special = task_context.config.special_tokens_in_user_text
         encoded = task_context.prompt_tokenizer().encode_continuations(parts, labels, task_context.token_limit,
                                                                        what="label", context_what="input",
                                                                        special_tokens_in_user_text=special)
+        check_continuations(encoded, task_context.token_limit, what="label", context_what="input")
         return ClassifyJob(*_layout(task_context, encoded, group_size=len(labels)), labels=tuple(labels))
 
     def merge(self, job: ClassifyJob, partials: Sequence[ItemLogprobs]) -> ClassifyResult:
@@ -196,7 +198,7 @@ class ClassifyTask(ContinuationTask):
     def to_dict(self, result: ClassifyResult) -> dict[str, Any]:
         rows = [{"probabilities": row, "label": label}
                 for row, label in zip(result.probabilities.tolist(), result.predictions)]  # (n, L) -> n rows
-        return {"labels": list(result.labels), "results": rows, "usage": usage_dict(result.usage)}
+        return {"labels": list(result.labels), "results": rows, "usage": result.usage.to_dict()}
 
 
 def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
@@ -232,7 +234,7 @@ def _layout(context: TaskContext, encoded: EncodedContinuations, group_size: int
 def _check_pairs(num_inputs: int, num_labels: int, max_items: int) -> None:
     """At most `max_items` (input, label) sequences in one classify call (each count alone is within it)."""
     if num_inputs * num_labels > max_items:
-        raise RequestError(f"inputs x labels is {num_inputs} x {num_labels} = {num_inputs * num_labels} sequences, "
-                           f"more than the limit of {max_items} per call", f"send at most {max_items // num_labels} "
-                           f"inputs with {num_labels} labels per request, or raise max_items in the task config",
-                           field="inputs", limit=max_items)
+        raise RequestError.about("inputs", f"x labels is {num_inputs} x {num_labels} = {num_inputs * num_labels} "
+                                 f"sequences, more than the limit of {max_items} per call",
+                                 f"send at most {max_items // num_labels} inputs with {num_labels} labels per "
+                                 "request, or raise max_items in the task config", limit=max_items)
