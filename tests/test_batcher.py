@@ -24,6 +24,18 @@ class Recorder:
         return [item.upper() for item in items]
 
 
+class Held(Recorder):
+    """A `Recorder` whose batches stay on the device until `release` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def __call__(self, items):
+        await self.release.wait()
+        return await super().__call__(items)
+
+
 async def one(batcher, item, num_tokens, key=None, **options):
     """The result of a request of one part."""
     (result,) = await batcher.submit([item], [num_tokens], prefix_key=key, **options)
@@ -166,14 +178,9 @@ def test_next_batch_is_prepared_while_the_current_one_runs():
 
 def test_queue_bound_counts_work_and_refuses_a_request_whole():
     async def main():
-        release = asyncio.Event()
-        rec = Recorder()
+        rec = Held()
 
-        async def run_batch(items):
-            await release.wait()
-            return await rec(items)
-
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=1, wait_timeout_s=0.0, max_queued_tokens=50)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=1, wait_timeout_s=0.0, max_queued_tokens=50)
         tasks = [asyncio.create_task(one(batcher, f"r{i}", 1)) for i in range(2)]
         for _ in range(20):  # r0 runs (held), r1 is prepared and waits: nothing is queued
             await asyncio.sleep(0)
@@ -188,7 +195,7 @@ def test_queue_bound_counts_work_and_refuses_a_request_whole():
         assert refused.value.retry_after_s == 1.0  # no batch has run yet: no rate to estimate from
         again = pickle.loads(pickle.dumps(refused.value))  # it is returned across Ray processes
         assert (str(again), again.retry_after_s) == (str(refused.value), 1.0)
-        release.set()
+        rec.release.set()
         assert await asyncio.gather(*tasks) == ["R0", "R1"]
         assert await big == [f"B{i}" for i in range(60)]
         await batcher.close()
@@ -303,14 +310,9 @@ def test_work_ahead_beyond_the_wait_bound_is_refused_with_the_time_until_it_fits
 
 def test_cancelling_a_request_removes_all_its_parts_and_its_prepared_batch_does_not_run():
     async def main():
-        release = asyncio.Event()
-        rec = Recorder()
+        rec = Held()
 
-        async def run_batch(items):
-            await release.wait()
-            return await rec(items)
-
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=2, wait_timeout_s=0.0)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=2, wait_timeout_s=0.0)
         running = asyncio.create_task(one(batcher, "first", 2))
         for _ in range(20):
             await asyncio.sleep(0)
@@ -323,7 +325,7 @@ def test_cancelling_a_request_removes_all_its_parts_and_its_prepared_batch_does_
         with pytest.raises(asyncio.CancelledError):
             await big
         assert batcher.queued_items == 1  # only small's part is left
-        release.set()
+        rec.release.set()
         assert await running == "FIRST" and await small == "SMALL"
         assert rec.batches == [["first"], ["small"]]  # the prepared batch of b0, b1 never ran
         await batcher.close()
@@ -353,20 +355,15 @@ def test_a_failed_part_drops_the_rest_of_its_request():
 
 def test_interactive_parts_go_first_and_batch_work_is_put_back_for_them():
     async def main():
-        release = asyncio.Event()
-        rec = Recorder()
+        rec = Held()
 
-        async def run_batch(items):
-            await release.wait()
-            return await rec(items)
-
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=2, wait_timeout_s=0.0)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=2, wait_timeout_s=0.0)
         bulk = asyncio.create_task(batcher.submit([f"b{i}" for i in range(4)], [1] * 4, priority=1))
         for _ in range(20):  # b0, b1 on the device (held), b2, b3 prepared
             await asyncio.sleep(0)
         urgent = asyncio.create_task(batcher.submit(["u0", "u1"], [1, 1]))
         await asyncio.sleep(0)
-        release.set()
+        rec.release.set()
         assert await urgent == ["U0", "U1"] and await bulk == ["B0", "B1", "B2", "B3"]
         # the prepared bulk batch was put back: interactive work waited only for the batch on the device
         assert rec.batches == [["b0", "b1"], ["u0", "u1"], ["b2", "b3"]]
