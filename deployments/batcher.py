@@ -345,7 +345,7 @@ class TokenBudgetBatcher:
                 self._arrived.clear()
                 await self._arrived.wait()
             while self._queue and self._queued_tokens < self.max_batch_tokens:
-                remaining = min(p.request.enqueued for p in self._queue) + self.wait_timeout_s - loop.time()
+                remaining = self._queue[0].request.enqueued + self.wait_timeout_s - loop.time()  # arrival order
                 if remaining <= 0:
                     break
                 self._arrived.clear()

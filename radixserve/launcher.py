@@ -84,16 +84,15 @@ def load_config(config_path: str) -> dict[str, Any]:
     raw = yaml.safe_load(path.read_text()) or {}
     try:
         config = ServeDeploySchema.model_validate(raw).model_dump(mode="json")
-        for app in config["applications"]:
-            if app["import_path"] == APP_IMPORT_PATH:
-                app["args"] = AppArgs.model_validate(app["args"]).model_dump(mode="json")
+        for app in radixserve_apps(config):
+            app["args"] = AppArgs.model_validate(app["args"]).model_dump(mode="json")
     except ValidationError as err:
         raise LaunchError(f"{config_path}: {err}") from err
     return config
 
 
 def radixserve_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The config's radixserve applications (their args validated by `load_config`)."""
+    """The config's radixserve applications (`load_config` validates their args)."""
     return [app for app in config["applications"] if app["import_path"] == APP_IMPORT_PATH]
 
 
