@@ -108,6 +108,14 @@ def test_a_killed_index_builder_is_recreated(app):
     assert replaced, "no replica started a new IndexBuilder"
     info = app.info.remote().result(timeout_s=30)
     assert info["index_builder"] == "actor" and info["tasks"] == list(TASKS)
+    # the other replica replaces its builder at its next health check: leave the app whole for the next test, so a
+    # new actor's start-up does not land in its latency measurement
+    deadline = time.monotonic() + 60
+    while len(index_builders()) < len(killed) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    builders = index_builders()
+    assert len(builders) == len(killed), "a replica did not replace its IndexBuilder within 60 s"
+    assert ray.get([builder.ping.remote() for builder in builders.values()], timeout=60) == [True] * len(builders)
 
 
 def index_builders() -> dict[str, ray.actor.ActorHandle]:
