@@ -25,15 +25,36 @@ class Recorder:
 
 
 class Held(Recorder):
-    """A `Recorder` whose batches stay on the device until `release` is set."""
+    """A `Recorder` whose batches stay on the device until `release` is set; `started` lists the batches that
+    reached the device, `prepared` those its `prepare` built. `forward_s` of simulated compute runs first, so the
+    batcher measures a rate."""
 
-    def __init__(self):
+    def __init__(self, forward_s: float = 0.0):
         super().__init__()
+        self.forward_s = forward_s
+        self.started: list[list[str]] = []
+        self.prepared: list[list[str]] = []
         self.release = asyncio.Event()
 
+    async def prepare(self, items):
+        self.prepared.append(list(items))
+        return items
+
     async def __call__(self, items):
+        self.started.append(list(items))
+        await asyncio.sleep(self.forward_s)
         await self.release.wait()
         return await super().__call__(items)
+
+
+async def until(condition, turns: int = 1000) -> None:
+    """Yield to the event loop until `condition()` holds (at most `turns` times): synchronisation on the batcher's
+    state, never on the clock."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached in {turns} event-loop turns")
 
 
 async def one(batcher, item, num_tokens, key=None, **options):
@@ -182,12 +203,11 @@ def test_queue_bound_counts_work_and_refuses_a_request_whole():
 
         batcher = TokenBudgetBatcher(rec, max_batch_tokens=1, wait_timeout_s=0.0, max_queued_tokens=50)
         tasks = [asyncio.create_task(one(batcher, f"r{i}", 1)) for i in range(2)]
-        for _ in range(20):  # r0 runs (held), r1 is prepared and waits: nothing is queued
-            await asyncio.sleep(0)
+        await until(lambda: len(rec.started) == 1 and batcher.queued_items == 0)  # r0 runs (held), r1 waits
         # 60 parts of 10 tokens, priced 1 each (a shared prefix counted once): admitted though over the bound
         big = asyncio.create_task(batcher.submit([f"b{i}" for i in range(60)], [10] * 60, [1] * 60))
-        await asyncio.sleep(0)
-        assert batcher.queued_items == 60 and batcher.queued_tokens == 600
+        await until(lambda: batcher.queued_items == 60)
+        assert batcher.queued_tokens == 600
         with pytest.raises(QueueFullError, match="60 tokens of work queued . 2 for this request > max_queued_tokens=50"
                            ) as refused:
             await batcher.submit(["x", "y"], [1, 1])
@@ -221,8 +241,7 @@ def test_cancelled_request_leaves_the_queue():
         rec = Recorder()
         batcher = TokenBudgetBatcher(rec, max_batch_tokens=100, wait_timeout_s=5.0)
         gone = asyncio.create_task(one(batcher, "gone", 7))
-        await asyncio.sleep(0)
-        assert batcher.queued_tokens == 7
+        await until(lambda: batcher.queued_tokens == 7)
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
@@ -237,7 +256,7 @@ def test_close_fails_waiting_requests_and_rejects_new_ones():
     async def main():
         batcher = TokenBudgetBatcher(Recorder(), max_batch_tokens=100, wait_timeout_s=5.0)
         waiting = asyncio.create_task(one(batcher, "w", 1))
-        await asyncio.sleep(0)
+        await until(lambda: batcher.queued_items == 1)
         await batcher.close()
         with pytest.raises(RuntimeError, match="closed before this request ran"):
             await waiting
@@ -261,23 +280,25 @@ def test_bad_arguments():
 
 def test_the_retry_hint_is_the_queue_drain_time_at_the_recent_rate():
     async def main():
-        async def run_batch(items):
-            await asyncio.sleep(0.05)
-            return items
-
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queued_tokens=150)
-        assert await one(batcher, "warm", 100) == "warm"  # 100 tokens in about 0.05 s of forward
+        rec = Held(forward_s=0.05)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=100, wait_timeout_s=0.0, max_queued_tokens=150,
+                                     prepare=rec.prepare)
+        rec.release.set()
+        assert await one(batcher, "warm", 100) == "WARM"  # 100 tokens in about 0.05 s of forward
+        rec.release.clear()
         rate = batcher.stats.work_per_second()
-        held = []
-        for i in range(3):  # one runs, one waits for the device, one is queued
-            held.append(asyncio.create_task(one(batcher, f"r{i}", 100)))
-            await asyncio.sleep(0.005)
-        assert batcher.queued_tokens == 100
+        held = [asyncio.create_task(one(batcher, "r0", 100))]
+        await until(lambda: len(rec.started) == 2)  # r0 runs
+        held.append(asyncio.create_task(one(batcher, "r1", 100)))
+        await until(lambda: len(rec.prepared) == 3)  # r1 waits for the device
+        held.append(asyncio.create_task(one(batcher, "r2", 100)))
+        await until(lambda: batcher.queued_tokens == 100)  # r2 is queued
         with pytest.raises(QueueFullError) as refused:
             await one(batcher, "over", 100)
         assert refused.value.retry_after_s == pytest.approx(300 / rate)  # running, prepared and queued
         assert f"retry in about {refused.value.retry_after_s:.1f} s" in str(refused.value)
-        await asyncio.gather(*held)
+        rec.release.set()
+        assert await asyncio.gather(*held) == ["R0", "R1", "R2"]
         await batcher.close()
 
     run(main())
@@ -285,24 +306,23 @@ def test_the_retry_hint_is_the_queue_drain_time_at_the_recent_rate():
 
 def test_work_ahead_beyond_the_wait_bound_is_refused_with_the_time_until_it_fits():
     async def main():
-        async def run_batch(items):
-            await asyncio.sleep(0.1)
-            return items
-
-        batcher = TokenBudgetBatcher(run_batch, max_batch_tokens=100, wait_timeout_s=0.0, max_queue_wait_s=0.25)
-        assert await one(batcher, "warm", 100) == "warm"  # about 1000 tokens/s from now on
+        rec = Held(forward_s=0.1)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=100, wait_timeout_s=0.0, max_queue_wait_s=0.25)
+        rec.release.set()
+        assert await one(batcher, "warm", 100) == "WARM"  # about 1000 tokens/s from now on
+        rec.release.clear()
         rate = batcher.stats.work_per_second()
         held = [asyncio.create_task(one(batcher, "running", 100))]
-        await asyncio.sleep(0.01)
-        held.append(asyncio.create_task(one(batcher, "prepared", 100)))  # waits for the device
-        await asyncio.sleep(0.01)
-        held.append(asyncio.create_task(one(batcher, "queued", 100)))  # nothing queued: admitted, 0.2 s ahead
-        await asyncio.sleep(0.01)
+        await until(lambda: len(rec.started) == 2)
+        # "prepared" arrives at an empty queue; "queued" finds 0.2 s of work ahead (running and queued): admitted
+        held += [asyncio.create_task(one(batcher, name, 100)) for name in ("prepared", "queued")]
+        await until(lambda: batcher.queued_tokens == 100)  # "prepared" was taken and waits for the device
         with pytest.raises(QueueFullError, match="max_queue_wait_s=0.25") as refused:
             await one(batcher, "fourth", 100)  # 0.3 s ahead
         assert refused.value.retry_after_s == pytest.approx(300 / rate - 0.25)
-        assert await asyncio.gather(*held) == ["running", "prepared", "queued"]
-        assert await one(batcher, "after", 100) == "after"  # nothing ahead any more
+        rec.release.set()
+        assert await asyncio.gather(*held) == ["RUNNING", "PREPARED", "QUEUED"]
+        assert await one(batcher, "after", 100) == "AFTER"  # nothing ahead any more
         await batcher.close()
 
     run(main())
@@ -314,13 +334,10 @@ def test_cancelling_a_request_removes_all_its_parts_and_its_prepared_batch_does_
 
         batcher = TokenBudgetBatcher(rec, max_batch_tokens=2, wait_timeout_s=0.0)
         running = asyncio.create_task(one(batcher, "first", 2))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await until(lambda: len(rec.started) == 1)
         big = asyncio.create_task(batcher.submit([f"b{i}" for i in range(6)], [1] * 6, prefix_key="K"))
         small = asyncio.create_task(one(batcher, "small", 1, "K"))  # shares big's prepared batch
-        for _ in range(20):  # b0, b1 prepared and waiting for the device, the rest queued
-            await asyncio.sleep(0)
-        assert batcher.queued_items == 5
+        await until(lambda: batcher.queued_items == 5)  # b0, b1 prepared and waiting for the device, the rest queued
         big.cancel()
         with pytest.raises(asyncio.CancelledError):
             await big
@@ -359,10 +376,9 @@ def test_interactive_parts_go_first_and_batch_work_is_put_back_for_them():
 
         batcher = TokenBudgetBatcher(rec, max_batch_tokens=2, wait_timeout_s=0.0)
         bulk = asyncio.create_task(batcher.submit([f"b{i}" for i in range(4)], [1] * 4, priority=1))
-        for _ in range(20):  # b0, b1 on the device (held), b2, b3 prepared
-            await asyncio.sleep(0)
+        await until(lambda: len(rec.started) == 1 and batcher.queued_items == 0)  # b0, b1 held, b2, b3 prepared
         urgent = asyncio.create_task(batcher.submit(["u0", "u1"], [1, 1]))
-        await asyncio.sleep(0)
+        await until(lambda: batcher.queued_items == 2)
         rec.release.set()
         assert await urgent == ["U0", "U1"] and await bulk == ["B0", "B1", "B2", "B3"]
         # the prepared bulk batch was put back: interactive work waited only for the batch on the device

@@ -11,7 +11,9 @@ from radix_core.engine import Engine
 
 FAMILIES = ["qwen3", "qwen2", "llama", "mistral"]
 HEADS = ["causal_lm", "seq_cls", "base"]
-MODES = ["off", "mlp", "full", "auto"]
+# "auto" runs "off" or "full" per batch, so its golden cases would repeat theirs; test_batch_equals_per_sequence
+# runs it, and tests/test_mode_cost.py checks that it gives exactly the outputs of the mode it picked.
+MODES = ["off", "mlp", "full"]
 VOCAB = 400  # below every tiny model's vocabulary
 
 
@@ -110,7 +112,7 @@ def test_every_head_gives_the_base_hidden_states(engines, reference, head):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "auto"])
 def test_batch_equals_per_sequence(engines, mode):
     engine = engines("qwen2", "causal_lm")
     batch = BATCHES["long-shared-prefix"] + BATCHES["duplicates-and-prefixes"] + BATCHES["prefix-groups-of-depths"]

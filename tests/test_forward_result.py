@@ -40,7 +40,3 @@ def test_chunked_logprobs_equal_log_softmax(engine, chunk):
     logits = engine.arch.head_module(result.hidden[torch.from_numpy(rows)]).float()  # (5, vocab)
     want = logits.log_softmax(-1)[torch.arange(5), torch.from_numpy(targets)].numpy()
     np.testing.assert_allclose(result.token_logprobs(rows, targets, chunk=chunk), want, rtol=1e-5, atol=1e-5)
-
-
-def test_device_check_runs(engine):
-    engine.check_device()
