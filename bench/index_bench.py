@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from machine import machine
 from radix_mlp import compute_fold_and_scatter
 from timing import interleaved_timings
 from tqdm import tqdm
@@ -75,7 +76,8 @@ def plot(points: dict[str, list[tuple[float, dict[str, float]]]], path: Path) ->
     for shape, series in points.items():
         for builder, style in (("ours", "-o"), ("rust", "--s"), ("numpy", ":^")):
             ax.plot([c for c, _ in series], [ms[builder] for _, ms in series], style, label=f"{shape} {builder}")
-    ax.set(xlabel="N'/N", ylabel="build time, ms", yscale="log", title="radix index build (CPU)")
+    ax.set(xlabel="N'/N", ylabel="build time, ms", yscale="log")
+    fig.suptitle(f"radix index build, token ids only (no model) on {machine()}", fontsize=9)
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
