@@ -13,7 +13,7 @@
 FROM rayproject/ray:2.60.0-py311-cu130
 
 # Ray's gRPC proxy refuses messages over this many bytes before any of our code runs (its default is 2 GiB): set
-# from serve_config.yaml's max_request_bytes (16 MiB) plus 64 KiB for the envelope, so a request just over the
+# from the app's limits.max_request_bytes (16 MiB) plus 64 KiB for the envelope, so a request just over the
 # limit still gets the ingress's own RESOURCE_EXHAUSTED naming max_request_bytes. Change both together
 # (tests/test_k8s_image.py checks they agree).
 ENV RAY_SERVE_GRPC_MAX_MESSAGE_SIZE=16842752

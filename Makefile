@@ -15,11 +15,16 @@ $(BIN)/radixserve: pyproject.toml
 	$(BIN)/pip install -e '.[test]'
 	touch $@
 
-.PHONY: install serve test
+.PHONY: install serve test test-slow
 install: $(BIN)/radixserve
 
 serve: install
 	$(BIN)/radixserve serve serve_config.yaml
 
+# The suite without the scenarios marked slow (load, chaos, autoscaling, the launcher's drain, floods of connections).
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The slow scenarios; CI (.ci/run) runs both.
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow

@@ -1,19 +1,25 @@
-"""Engine modes side by side on CPU (issue 15): shapes, what `prepare` costs, prefix sweep, sequences per prefix.
+"""Engine modes side by side on CPU (issue 15): shapes, auto's choice, what `prepare` costs, prefix sweep, sequences
+per prefix.
 
-The workloads of `workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), what
-`prepare` costs, and how the cost grows with the number of sequences sharing one prefix.
+The workloads of `workloads.py` (docs/ARCHITECTURE.md section 7, the paper's long shared prefix), which mode `auto`
+picks on each and whether it was the fastest (issue 23), what `prepare` costs, and how the cost grows with the
+number of sequences sharing one prefix.
 
 Model: Qwen3 architecture, hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, intermediate 1536, random
 weights, float32 (the `bench` preset of `radix_core.tiny_models`). Every timing comes from
 `timing.interleaved_timings`: the candidates of one row group run in one process, one warm-up each, then rounds
-whose order rotates; median (min-max). Four parts, each can be skipped (`--skip`, as can the peak memory cells):
+whose order rotates; median (min-max). The engine runs without the prefix cache (the rounds repeat one batch) and
+warms up first, which calibrates the cost model `auto` chooses by (`radix_core.mode_calibration`). Four parts, each
+can be skipped (`--skip`, as can the peak memory cells):
 
 * shapes: per shape every mode, its speed-up over `off`, the FLOP bound of that speed-up (position-wise and
   attention FLOPs of both layouts), achieved / bound, the time of `engine.prepare` (checks, index, mode choice:
   numpy on the host) and the peak memory growth of one forward (RSS high-water mark over the RSS before it, in a
   fresh subprocess per cell; `--skip memory` leaves it out). Plain transformers on a padded batch
   (`padded_baseline.padded_last_hidden`) is timed as the reference users run today, except on the long shape
-  (`Shape.long`).
+  (`Shape.long`). Then per shape auto's choice: the time each mode was predicted to take (the calibrated cost
+  model, and the mode the static FLOP-count model would pick), the mode auto picked, the fastest measured (least
+  time over the rounds), and the picked mode's time over the fastest's. `--skip padded` leaves the reference out.
 * no-sharing: `off` against `auto` alone on the batch without sharing (auto runs off there), more rounds: what
   auto costs where it cannot help.
 * prefix sweep: speed-up of mlp and full over off against the shared-prefix length (batch 32, suffix 64), plotted
@@ -58,59 +64,26 @@ from workloads import (
     synthetic_prefix,
 )
 
+from radix_core.cascade import cascade_plan
 from radix_core.engine import Engine
 from radix_core.index import build_radix_index, flatten_sequences
+from radix_core.mode_calibration import static_costs
+from radix_core.mode_cost import ModeCosts, ModelShape, ModeWork, mode_works
 from radix_core.tiny_models import PRESETS, make_tiny_model
 
 MODES = ("off", "mlp", "full", "auto")
 PADDED = "transformers (padded)"
-PARTS = ("shapes", "memory", "no-sharing", "prefix-sweep", "scaling")
+PARTS = ("shapes", "memory", "padded", "no-sharing", "prefix-sweep", "scaling")
 NO_SHARING = "no sharing 32x(128..384)"
 PREPARE_REPEATS = 20  # prepare takes milliseconds: more rounds for a steady median cost nothing
 SWEEP_PREFIXES = (0, 64, 128, 256, 512, 768, 1024)
 
-@dataclass
-class ModelSize:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-
-    @classmethod
-    def of(cls, config) -> ModelSize:
-        return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                   config.num_key_value_heads, config.head_dim, config.intermediate_size)
-
-    def rowwise_flops(self) -> float:
-        """Matmul FLOPs per computed row, all layers: q/k/v/o projections and the gated MLP."""
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        out = self.heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
-        return 2.0 * (qkv + out + mlp) * self.layers
-
-    def pair_flops(self) -> float:
-        """FLOPs per visible (query, key) pair, all layers: QK^T and PV."""
-        return 4.0 * self.heads * self.head_dim * self.layers
-
-    def flops(self, rows: int, pairs: int) -> float:
-        """Position-wise plus attention FLOPs of a forward computing `rows` rows and `pairs` query-key pairs."""
-        return self.rowwise_flops() * rows + self.pair_flops() * pairs
-
-
-def work(sequences: Sequence[Sequence[int]], mode: str) -> tuple[int, int]:
-    """(computed rows, visible query-key pairs) of one forward in `mode` ("off", "mlp" or "full"). off and mlp
-    attend per sequence, L(L+1)/2 pairs; full attends from each compact row at position p to its path up to
-    itself, p + 1 keys."""
-    lengths = np.array([len(s) for s in sequences], dtype=np.int64)  # (B,)
-    causal_pairs = int((lengths * (lengths + 1) // 2).sum())
-    if mode == "off":
-        return int(lengths.sum()), causal_pairs
+def work(sequences: Sequence[Sequence[int]], mode: str) -> ModeWork:
+    """The work of one forward in `mode` ("off", "mlp" or "full"): computed rows, visible query-key pairs (off and
+    mlp attend per sequence, L(L+1)/2 pairs; full from each compact row at position p to its path, p + 1 keys),
+    rows scattered (mlp) and merged (full), as `auto`'s cost model counts them (`radix_core.mode_cost`)."""
     index = build_radix_index(*flatten_sequences(sequences))
-    if mode == "mlp":
-        return index.num_compact, causal_pairs
-    return index.num_compact, int(index.compact_position_ids.sum(dtype=np.int64)) + index.num_compact
+    return mode_works(index, cascade_plan(index))[mode]
 
 
 def marginal_costs(counts: Sequence[int], totals: Sequence[float]) -> list[float | None]:
@@ -134,7 +107,7 @@ def memory_cell(model_dir: str, batch: str, mode: str) -> None:
         model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
         run = lambda: padded_last_hidden(model, sequences)  # noqa: E731
     else:
-        engine = Engine.from_pretrained(model_dir, device="cpu")
+        engine = Engine.from_pretrained(model_dir, device="cpu", prefix_cache_bytes=0)
         run = lambda: engine.last_hidden_states(sequences, mode=mode)  # noqa: E731
     before = _status_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current RSS
@@ -154,9 +127,10 @@ class Bench:
 
     engine: Engine
     reference: Any  # transformers AutoModel of the same checkpoint
-    size: ModelSize
+    shape: ModelShape
     model_dir: Path
     memory: bool  # measure peak memory, one subprocess per cell
+    padded: bool  # time the padded transformers reference in the shapes table
 
     def forward(self, sequences, mode: str) -> Callable[[], torch.Tensor]:
         return lambda: self.engine.last_hidden_states(sequences, mode=mode)
@@ -165,19 +139,29 @@ class Bench:
         return f"{peak_memory_mb(self.model_dir, batch, mode):.0f}" if self.memory else "-"
 
 
-def shape_rows(bench: Bench, name: str, repeats: int) -> list[str]:
+@dataclass
+class ShapeRun:
+    """One shape's timings, the mode auto chose and the work of each mode, for the table of auto's choices."""
+
+    name: str
+    times: dict[str, Timing]
+    chosen: str
+    works: dict[str, ModeWork]
+
+
+def shape_rows(bench: Bench, name: str, repeats: int) -> tuple[list[str], ShapeRun]:
     """The table rows of one shape: every mode (and the padded reference unless long), rotated timings."""
     shape, sequences = SHAPES[name], make_batch(name)
     runners = {m: bench.forward(sequences, m) for m in MODES}
-    if not shape.long:
+    if bench.padded and not shape.long:
         runners[PADDED] = lambda: padded_last_hidden(bench.reference, sequences)
     times = interleaved_timings(runners, repeats)
     prepare = interleaved_timings({m: (lambda m=m: bench.engine.prepare(sequences, m)) for m in MODES},
                                   PREPARE_REPEATS)
     chosen = bench.engine.prepare(sequences, "auto").mode
-    counts = {m: work(sequences, m) for m in ("off", "mlp", "full")}  # (rows, pairs)
-    flops = {m: bench.size.flops(*c) for m, c in counts.items()}
-    n_tokens, n_compact = counts["off"][0], counts["full"][0]
+    counts = {m: work(sequences, m) for m in ("off", "mlp", "full")}
+    flops = {m: bench.shape.flops(c) for m, c in counts.items()}
+    n_tokens, n_compact = counts["off"].rows, counts["full"].rows
     label = f"{name} ¹" if shape.long else name
     rows = []
     for runner, timing in times.items():
@@ -185,20 +169,23 @@ def shape_rows(bench: Bench, name: str, repeats: int) -> list[str]:
         speedup, bound = times["off"].median / timing.median, flops["off"] / flops[mode]
         prep = (f"{prepare[runner].median * 1000:.2f} ({100 * prepare[runner].median / timing.median:.2g}%)"
                 if runner in MODES else "-")
-        memory = bench.peak_mb(name, runner if runner in MODES else "transformers")
+        memory = bench.peak_mb(name, mode if runner in MODES else "transformers")  # auto: the mode it chose here
         rows.append(f"| {label} | {n_tokens} | {n_compact / n_tokens:.3f} | "
                     f"{f'auto → {chosen}' if runner == 'auto' else runner} | {timing} | {speedup:.2f}x | "
                     f"{bound:.2f}x | {speedup / bound:.2f} | {prep} | {memory} |")
         tqdm.write(rows[-1])
-    return rows
+    return rows, ShapeRun(name, times, chosen, counts)
 
 
-def shapes_section(bench: Bench, names: Sequence[str], repeats: int, long_repeats: int) -> str:
+def shapes_section(bench: Bench, names: Sequence[str], repeats: int, long_repeats: int) -> tuple[str, list[ShapeRun]]:
     rows = ["| shape | N | N'/N | mode | time s, median (min-max) | speed-up vs off | FLOP bound | achieved/bound "
             "| prepare ms (share of forward) | peak MB |",
             "|---|---|---|---|---|---|---|---|---|---|"]
+    runs = []
     for name in tqdm(names, desc="shapes", unit="shape"):
-        rows += shape_rows(bench, name, long_repeats if SHAPES[name].long else repeats)
+        shape_table, run = shape_rows(bench, name, long_repeats if SHAPES[name].long else repeats)
+        rows += shape_table
+        runs.append(run)
     text = ("## Shapes\n\nHow to read: per shape every mode timed side by side; speed-up vs off over its FLOP bound "
             "says how much of the saved work turned into saved time (`auto → x`: the mode auto chose, its bound "
             "that mode's). prepare is `engine.prepare` alone (flatten, checks, index, mode choice), median of "
@@ -211,7 +198,44 @@ def shapes_section(bench: Bench, names: Sequence[str], repeats: int, long_repeat
                  f"over a minute on 2 cores). No {PADDED} row: its peak memory grows with batch x 2304² (530 MB for 4 "
                  "of these sequences in a development run, so about 4 GB for 32) and each forward takes about as "
                  "long as off's, several more minutes of rounds.\n")
-    return text
+    return text, runs
+
+
+def auto_section(costs: ModeCosts, static: ModeCosts, runs: Sequence[ShapeRun]) -> str:
+    """Per shape: each mode's time predicted under `costs` and measured, auto's pick, the fastest measured, and the
+    pick under the `static` model."""
+    rows = ["| shape | predicted s: off / mlp / full | measured s, least: off / mlp / full | auto picked | "
+            "fastest measured | picked / fastest | static model's pick |", "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        least = {mode: run.times[mode].low for mode in ("off", "mlp", "full")}
+        fastest = fastest_mode(run)
+        predicted = " / ".join(f"{costs.predict(w):.3f}" for w in run.works.values())
+        measured = " / ".join(f"{t:.3f}" for t in least.values())
+        mark = "" if run.chosen == fastest else " ²"
+        rows.append(f"| {run.name} | {predicted} | {measured} | {run.chosen}{mark} | {fastest} | "
+                    f"{least[run.chosen] / least[fastest]:.2f} | {static.choose(run.works)} |")
+    missed = [missed_note(run) for run in runs if run.chosen != fastest_mode(run)]
+    return (f"## auto's choice\n\nHow to read: auto picks the mode of least predicted time under the cost model the "
+            f"engine's warm-up measured ({costs.source}: seconds per row {costs.rows:.3g}, per pair {costs.pairs:.3g}, "
+            f"per scattered row {costs.scattered:.3g}, per merged row {costs.merged:.3g}; `radix_core/mode_cost.py`). "
+            "Measured: the least time of each mode over the shapes table's rounds (other load on the machine only "
+            "adds time, so the least is the round it disturbed least); picked / fastest: the picked mode's over the "
+            "fastest's. Static model: the mode an engine that never warmed up picks (FLOP counts). Picked the "
+            f"fastest on {len(runs) - len(missed)} of {len(runs)} shapes.\n\n" + "\n".join(rows) + "\n"
+            + "".join(f"\n² {note}" for note in missed) + ("\n" if missed else ""))
+
+
+def fastest_mode(run: ShapeRun) -> str:
+    """The mode of least measured time (the least of its rounds)."""
+    return min(("off", "mlp", "full"), key=lambda mode: run.times[mode].low)
+
+
+def missed_note(run: ShapeRun) -> str:
+    """Where auto's pick was not the fastest measured: by how much, and how their medians compare."""
+    picked, fastest = run.times[run.chosen], run.times[fastest_mode(run)]
+    medians = "also" if picked.median > fastest.median else "but not"
+    return (f"{run.name}: {run.chosen} {picked} against {fastest_mode(run)} {fastest} "
+            f"({picked.low / fastest.low:.2f}x the least time; {medians} by median).")
 
 
 def no_sharing_section(bench: Bench, repeats: int) -> str:
@@ -269,9 +293,9 @@ def scaling_section(bench: Bench, times: dict[str, list[Timing]], repeats: int) 
     full = [t.median for t in times["full"]]
     alone = [t.median / n for t, n in zip(times["suffixes alone (off)"], SCALING_COUNTS)]  # s per sequence
     marginal = marginal_costs(SCALING_COUNTS, full)
-    flop_full = marginal_costs(SCALING_COUNTS, [bench.size.flops(*work(make_batch(scaling_name(n)), "full"))
+    flop_full = marginal_costs(SCALING_COUNTS, [bench.shape.flops(work(make_batch(scaling_name(n)), "full"))
                                                 for n in SCALING_COUNTS])
-    flop_alone = [bench.size.flops(*work(make_batch(suffixes_name(n)), "off")) / n for n in SCALING_COUNTS]
+    flop_alone = [bench.shape.flops(work(make_batch(suffixes_name(n)), "off")) / n for n in SCALING_COUNTS]
     rows = ["| sequences | full s | mlp s | marginal s per added sequence | suffix alone s per sequence "
             "| marginal / suffix | FLOP ratio | full peak MB |", "|---|---|---|---|---|---|---|---|"]
     for i, n in enumerate(SCALING_COUNTS):
@@ -345,7 +369,7 @@ def parse_args() -> argparse.Namespace:
                         help=f"the shapes table's shapes (default all: {', '.join(SHAPES)})")
     parser.add_argument("--skip", nargs="+", choices=PARTS, default=[],
                         help="parts to leave out: the shapes table, the peak memory cells (a subprocess each), "
-                        "the sweeps")
+                        "the padded reference's rows, the sweeps")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--memory-cell", nargs=3, metavar=("MODEL_DIR", "BATCH", "MODE"), help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -359,16 +383,22 @@ def main() -> None:
 
     model_dir = make_tiny_model(Path(tempfile.mkdtemp()) / "bench", "qwen3", "base", **PRESETS["bench"])
     reference = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-    bench = Bench(Engine.from_pretrained(str(model_dir), device="cpu"), reference, ModelSize.of(reference.config),
-                  model_dir, memory="memory" not in args.skip)
+    engine = Engine.from_pretrained(str(model_dir), device="cpu", radix_threshold=1.0, prefix_cache_bytes=0)
+    warm_up_s = engine.warm_up()  # calibrates auto's cost model
+    tqdm.write(f"warm-up {warm_up_s:.1f} s: {engine.mode_costs}")
+    bench = Bench(engine, reference, ModelShape.of(reference.config), model_dir, memory="memory" not in args.skip,
+                  padded="padded" not in args.skip)
     sections = [f"# Engine modes on CPU\n\nCommand: `{command(args)}`; {torch.get_num_threads()} threads, torch "
-                f"{torch.__version__}; auto threshold {bench.engine.radix_threshold}. Model: the `bench` preset "
+                f"{torch.__version__}; auto threshold {engine.radix_threshold} (the cost model decides every batch), "
+                f"warm-up {warm_up_s:.1f} s ({engine.mode_costs.source}), no prefix cache. Model: the `bench` preset "
                 "(Qwen3, hidden 512, 8 layers), random weights, float32. Times: median (min-max) of rounds whose "
                 "order rotates (`bench/timing.py`).\n"]
     args.out.mkdir(parents=True, exist_ok=True)
     written = [args.out / "engine_bench.md"]
     if "shapes" not in args.skip:
-        sections.append(shapes_section(bench, args.shapes, args.repeats, args.long_repeats))
+        shapes, runs = shapes_section(bench, args.shapes, args.repeats, args.long_repeats)
+        static = static_costs(engine.arch, engine.device, engine.dtype)
+        sections += [auto_section(engine.mode_costs, static, runs), shapes]
     if "no-sharing" not in args.skip:
         sections.append(no_sharing_section(bench, args.no_sharing_repeats))
     if "prefix-sweep" not in args.skip:

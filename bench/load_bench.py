@@ -1,9 +1,9 @@
 """Sustained load and overload through the gRPC proxy: zero errors below capacity, fast refusals above it, and
 no work burnt on requests that fail.
 
-The application as `serve_config.yaml` builds it (`accelerator: cpu`, one engine replica, CPU reservations at their
-defaults, `max_queue_wait_s` from the command line: the latency bound the replica keeps under overload), driven by
-two workloads in turn:
+The application as `serve_config.yaml` builds it (`placement.accelerator: cpu`, one engine replica, CPU reservations
+at their defaults, `batching.max_queue_wait_s` from the workload: the latency bound the replica keeps under
+overload), driven by two workloads in turn:
 
 * `rerank8`: MS MARCO-shaped rerank requests of 8 documents (`bench/workloads.py`, the stream of
   `serve_bench.py`) on the `bench` preset Qwen3 model;
@@ -42,9 +42,16 @@ import numpy as np
 import ray
 from load_driver import LoadDriver, Outcome
 from local_serve import start_serve
+from machine import plot_title, tiny_model
 from ray import serve
 from tqdm import tqdm
-from workloads import MsMarco, mixed_reranks, msmarco_texts, rerank_stream, token_counter
+from workloads import (
+    MsMarco,
+    mixed_reranks,
+    msmarco_texts,
+    rerank_stream,
+    token_counter,
+)
 
 from deployments.app import build
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
@@ -121,8 +128,9 @@ def main() -> None:
         workload = WORKLOADS[name]
         model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / f"{workload.preset}-qwen3", "qwen3", "causal_lm",
                                         **PRESETS[workload.preset]))
-        app_args = {**config["applications"][0]["args"], "model": model_dir, "accelerator": "cpu",
-                    "engine_replicas": 1, "max_queue_wait_s": workload.max_queue_wait_s}
+        app_args = {**config["applications"][0]["args"], "model": model_dir,
+                    "batching": {"max_queue_wait_s": workload.max_queue_wait_s},
+                    "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
         serve.run(build(app_args), name="radixserve", route_prefix="/")
         reports[name] = run_workload(Driver(f"127.0.0.1:{port}", workload.requests(np.random.default_rng(0))),
                                      args, name)
@@ -219,7 +227,7 @@ def plot(outcomes: dict[str, dict[str, list[Outcome]]], path: Path) -> None:
             points = [(o.sent - t0, o.latency_s) for o in both if o.code == code]
             ax.scatter(*zip(*points), s=6, label=code, color=colours.get(code, "tab:red"))
         ax.axvline(min(o.sent for o in phases["overload"]) - t0, color="grey", linestyle="--", label="overload starts")
-        ax.set_title(name)
+        ax.set_title(plot_title(name, tiny_model(WORKLOADS[name].preset)), fontsize=9)
         ax.set_xlabel("request sent at (s)")
         ax.set_ylabel("latency (s)")
         ax.set_yscale("log")

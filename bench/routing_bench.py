@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import ray
+from machine import plot_title, tiny_model
 from ray import serve
 from tqdm import tqdm
 
@@ -81,8 +82,9 @@ def builder_stats() -> list[dict]:
 
 def run_config(model_dir: str, units: list[list[dict]], clients: int, replicas: int, policy: str,
                index_builder: str) -> dict:
-    args = {"model": model_dir, "engine_replicas": replicas, "engine_cpus": 1.5 / replicas, "ingress_cpus": 0.25,
-            "router": {"policy": policy}, "index_builder": index_builder, "batch_wait_timeout_s": 0.02}
+    args = {"model": model_dir, "router": {"policy": policy},
+            "batching": {"index_builder": index_builder, "batch_wait_timeout_s": 0.02},
+            "placement": {"engine": {"num_replicas": replicas, "cpus": 1.5 / replicas}, "ingress": {"cpus": 0.25}}}
     handle = serve.run(build(args), name="radixserve", route_prefix=None)
     asyncio.run(send(handle, units[:2], clients))  # warm-up: replicas loaded, routers' caches filled
     warm = builder_stats() if index_builder == "actor" else []
@@ -165,7 +167,7 @@ def plot(results: dict, path: Path) -> None:
     speed.set(xlabel="documents/s")
     ratio.barh(names, [r.get("compression", 0.0) for r in results.values()])
     ratio.set(xlabel="N'/N (lower: more shared)", xlim=(0, 1))
-    fig.suptitle("routing and pipelining (tiny Qwen3 reranker, CPU)")
+    fig.suptitle(plot_title("routing and pipelining", tiny_model("tiny")), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

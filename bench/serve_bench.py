@@ -6,7 +6,7 @@ CPU) and the same request streams for every configuration:
 * `in-process`: `Engine.run_jobs` on the requests in arrival order, `--clients` requests per batch (what a server
   with that many requests in flight could batch at best), no Ray;
 * `served auto` / `served off`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build`
-  with the YAML's args, `accelerator: cpu`, one engine replica, CPU reservations at their defaults), called
+  with the YAML's args, `placement.accelerator: cpu`, one engine replica, CPU reservations at their defaults), called
   through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
 * `padded baseline` (`bench/padded_baseline.py`): a Ray Serve deployment with `@serve.batch` running
   transformers' `AutoModelForCausalLM` on right-padded batches (the reranker's yes/no logits, the LM head at the
@@ -34,10 +34,17 @@ import numpy as np
 import ray
 from load_driver import LoadDriver
 from local_serve import start_serve
+from machine import plot_title, tiny_model
 from ray import serve
 from routing_bench import builder_stats
 from tqdm import tqdm
-from workloads import MsMarco, embed_requests, msmarco_texts, rerank_stream, token_counter
+from workloads import (
+    MsMarco,
+    embed_requests,
+    msmarco_texts,
+    rerank_stream,
+    token_counter,
+)
 
 from deployments.app import build
 from radix_core.engine import Engine
@@ -97,7 +104,8 @@ def served(model_dir: str, radix: str, requests: list[tuple[str, dict]], clients
            port: int) -> dict:
     """The application of `config` (serve_config.yaml) through the gRPC proxy on `port`."""
     app = config["applications"][0]
-    args = {**app["args"], "model": model_dir, "accelerator": "cpu", "radix": radix, "engine_replicas": 1}
+    args = {**app["args"], "model": model_dir, "engine": {"radix": radix},
+            "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
     serve.run(build(args), name="radixserve", route_prefix="/")
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
         def call(task: str, request: dict) -> int:
@@ -208,6 +216,8 @@ def plot(results: dict, path: Path) -> None:
     cdf.set_xlabel("rerank request latency (s)")
     cdf.set_ylabel("fraction of requests")
     cdf.legend(fontsize=8)
+    fig.suptitle(plot_title("the served path against the engine in-process and a padded baseline", tiny_model("bench")),
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -12,6 +12,9 @@ as a reranker in a retrieval pipeline sees MS MARCO passage ranking. The paramet
 | `template_tokens` | 50 | template before the query (ids; texts: the Qwen3-Reranker prompt, 57 tiny-tokenizer tokens) |
 | `suffix_tokens` | 10 | template after the passage (ids; texts: the Qwen3-Reranker suffix, 16 tokens) |
 
+`LONG_DOCUMENTS` is the same workload with long passages: 12 queries x 32 web pages of 2,000-6,000 tokens, reranked
+by chunks of 512 tokens (`bench/task_compression.py --long-documents`).
+
 The same parameters give two forms: `msmarco_ids` draws random token ids (the engine benchmark: no tokenizer, a
 batch of 64 sequences), `msmarco_texts` draws text from `radix_core/data/tiny_corpus.txt` (the served benchmarks
 and `task_compression.py`: its search queries, and passages of its sentences joined to the drawn token length,
@@ -52,6 +55,9 @@ class MsMarco:
     query_tokens: tuple[int, int] = (8, 19)
     template_tokens: int = 50
     suffix_tokens: int = 10
+
+
+LONG_DOCUMENTS = MsMarco(queries=12, passages_per_query=32, passage_tokens=(2000, 6000))
 
 
 @dataclass(frozen=True)
@@ -102,13 +108,23 @@ def corpus_text() -> tuple[list[str], list[str]]:
 
 def passage(sentences: list[str], count_tokens: Callable[[str], int], target: int,
             rng: np.random.Generator) -> str:
-    """Random sentences joined until `target` tokens are reached, cut back to it word by word."""
+    """Random sentences joined until `target` tokens are reached, cut back to it word by word.
+
+    Tokens are counted sentence by sentence, each after its joining space (a byte-level BPE pre-tokenizer never
+    merges across the space before a word, so the counts add up to the joined text's), and the cut re-counts only
+    the last sentence: a 6,000-token passage costs one pass over its text rather than one per sentence added (the
+    texts are those of counting the whole text each time)."""
     words: list[str] = []
-    while count_tokens(" ".join(words)) < target:
-        words += sentences[int(rng.integers(len(sentences)))].split()
-    while count_tokens(" ".join(words)) > target:
-        words.pop()
-    return " ".join(words)
+    counted = piece = 0  # tokens of " ".join(words); of its last sentence with its joining space
+    sentence: list[str] = []
+    while counted < target:
+        sentence = sentences[int(rng.integers(len(sentences)))].split()
+        piece = count_tokens(" ".join(sentence) if not words else " " + " ".join(sentence))
+        words, counted = words + sentence, counted + piece
+    head, before, keep = len(words) - len(sentence), counted - piece, len(words)
+    while keep > head and before + count_tokens((" " if head else "") + " ".join(words[head:keep])) > target:
+        keep -= 1
+    return " ".join(words[:keep])
 
 
 def rerank_stream(groups: list[QueryPassages], per_request: int, rng: np.random.Generator) -> list[dict]:

@@ -46,6 +46,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from deployments.batching_config import DEFAULT_PRIORITY_AGING_S
+
 logger = logging.getLogger("ray.serve")
 
 
@@ -150,7 +152,7 @@ class TokenBudgetBatcher:
     def __init__(self, run_batch: Callable[[Any], Awaitable[Sequence[Any]]], max_batch_tokens: int,
                  wait_timeout_s: float, *, prepare: Callable[[list[Any]], Awaitable[Any]] | None = None,
                  max_queued_tokens: int | None = None, max_queue_wait_s: float | None = None,
-                 aging_s: float = 30.0, observer: BatchObserver | None = None):
+                 aging_s: float = DEFAULT_PRIORITY_AGING_S, observer: BatchObserver | None = None):
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if wait_timeout_s < 0:

@@ -12,13 +12,23 @@ one WARNING line and answers RESOURCE_EXHAUSTED).
 
 Each job keeps the id of the client request it came from (Ray carries it from the ingress in the request
 context): the batch's log lines name the ids of its requests, so a slow or failed request can be followed from
-the ingress to its batch. `EngineMetrics` exports the batches (mode, N'/N, sizes, stage times), the queue and
-IndexBuilder restarts.
+the ingress to its batch. `EngineMetrics` exports the batches (mode, N'/N, sizes, stage times), the queue,
+IndexBuilder restarts and the prefix cache.
+
+**The prefix cache** is the engine's (`Engine.prefix_cache`, `engine.prefix_cache_bytes`): K/V of prefixes this
+replica computed, kept across batches in its device memory, so a hot prefix that prefix routing keeps sending here
+is computed once per replica instead of once per batch. Nothing is persisted: a replica that restarts starts cold.
+Each part travels through the batcher with its request's `cache_scope` (the API key's digest, or None for the shared
+tree) into `Engine.run_jobs(..., scopes=...)`. The cache is matched inside `Engine.run`, right before the forward,
+not in the IndexBuilder: batch k changes the cache while the builder prepares batch k+1 (`radix_core.cached_forward`).
+Rows computed (`computed_tokens`, the batch compression) count after cache hits; the IndexBuilder's totals count the
+rows its index leaves before them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -36,44 +46,47 @@ from deployments.config import AppArgs
 from deployments.engine_request import EngineRequest
 from deployments.index_builder import IndexBuilder, build_batch
 from deployments.metrics import EngineMetrics
-from radix_core import Engine
+from radix_core import Engine, EngineConfig
 from radix_core.batch import PreparedBatch
 from radix_core.tasks import TaskJob
 
 logger = logging.getLogger("ray.serve")
+ScopedJob = tuple[TaskJob, str | None]  # a part and its request's prefix cache scope: what the batcher queues
 
 
 @serve.deployment
 class EngineReplica:
     """Loads the model once, then serves `submit` calls in token-budget batches."""
 
-    def __init__(self, args: AppArgs, device: str):
-        self.args = args
-        if device == "cpu":
+    def __init__(self, args: AppArgs, engine: EngineConfig):
+        """`engine`: `args.engine` with this deployment's device (`deployments.placement.engine_config`)."""
+        self.batching = args.batching
+        if engine.device == "cpu":
             torch.set_num_threads(cpu_threads())
-        self.engine = Engine.from_pretrained(
-            args.model, device=device, dtype=args.dtype, radix=args.radix, radix_threshold=args.radix_threshold,
-            attention=args.attention, tasks=args.task_config())
+        self.engine = Engine.from_pretrained(args.model, engine, tasks=args.tasks)
         seconds = self.engine.warm_up()  # kernels compile here, before Serve marks the replica ready
         logger.info("engine warmed up in %.1f s (attention %s, %s)", seconds, self.engine.backend.name,
                     self.engine.dtype)
-        pipelined = args.index_builder == "actor"
+        pipelined = self.batching.pipelined
         self.metrics = EngineMetrics()
         self.computed_tokens = 0  # rows this replica's batches computed (the load benchmark's goodput reads it)
+        self.cached_tokens = 0  # tokens they read from the prefix cache instead
+        self._cache_changed()
         self._builders = itertools.count()
         self.builder = self._new_builder() if pipelined else None
         self.batcher = TokenBudgetBatcher(self._run if pipelined else self._build_and_run,
-                                          args.max_batch_tokens, args.batch_wait_timeout_s,
+                                          self.batching.max_batch_tokens, self.batching.batch_wait_timeout_s,
                                           prepare=self._build if pipelined else None,
-                                          max_queued_tokens=args.queued_token_bound,
-                                          max_queue_wait_s=args.max_queue_wait_s,
-                                          aging_s=args.batch_priority_aging_s, observer=self.metrics)
+                                          max_queued_tokens=self.batching.queued_token_bound,
+                                          max_queue_wait_s=self.batching.max_queue_wait_s,
+                                          aging_s=self.batching.batch_priority_aging_s, observer=self.metrics)
 
     async def submit(self, request: EngineRequest) -> list[Any] | QueueFullError:
         """The partial results of the request's parts, in order, or its refusal."""
         parts = request.parts
         try:
-            return await self.batcher.submit(parts, [part.num_tokens for part in parts],
+            return await self.batcher.submit([(part, request.cache_scope) for part in parts],
+                                             [part.num_tokens for part in parts],
                                              [part.work_tokens for part in parts], request.prefix_key,
                                              request_ids.current(), int(request.priority))
         except QueueFullError as refusal:
@@ -81,10 +94,10 @@ class EngineReplica:
 
     def info(self) -> dict[str, Any]:
         return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,
-                "index_builder": self.args.index_builder,
-                "max_batch_tokens": self.args.max_batch_tokens, "torch_threads": torch.get_num_threads(),
-                "computed_tokens": self.computed_tokens,
-                "batcher": self.batcher.stats.summary()}
+                "index_builder": self.batching.index_builder,
+                "max_batch_tokens": self.batching.max_batch_tokens, "torch_threads": torch.get_num_threads(),
+                "computed_tokens": self.computed_tokens, "cached_tokens": self.cached_tokens,
+                "prefix_cache": self._cache_stats(), "batcher": self.batcher.stats.summary()}
 
     async def check_health(self) -> None:
         """Serve's health probe: the device must still compute (else Serve replaces the replica); a dead
@@ -105,7 +118,7 @@ class EngineReplica:
         replica = serve.get_replica_context().replica_id.unique_id
         name = f"index-builder-{replica}-{next(self._builders)}"
         actor = ray.remote(num_cpus=0, name=name, lifetime=None)(IndexBuilder)
-        return actor.remote(self.engine.limits, self.args.radix)
+        return actor.remote(self.engine.limits, self.engine.radix)
 
     def _replace_builder(self, failed, reason: str) -> None:
         """Kill the IndexBuilder `failed` and start a new one, unless `failed` was replaced already (the health
@@ -116,35 +129,53 @@ class EngineReplica:
         ray.kill(failed, no_restart=True)
         self.builder = self._new_builder()
 
-    async def _build(self, jobs: list[TaskJob]) -> tuple[list[TaskJob], PreparedBatch]:
+    async def _build(self, items: list[ScopedJob]) -> tuple[list[ScopedJob], PreparedBatch]:
         """The batch built by the IndexBuilder; when the builder dies meanwhile, built again on its replacement."""
+        jobs = [job for job, _ in items]
         builder = self.builder
         try:
-            return jobs, await builder.build.remote(jobs)
+            return items, await builder.build.remote(jobs)
         except RayActorError:
             logger.warning("IndexBuilder died while building a batch; retrying on a new one")
             self._replace_builder(builder, "build")
-            return jobs, await self.builder.build.remote(jobs)
+            return items, await self.builder.build.remote(jobs)
 
-    async def _run(self, built: tuple[list[TaskJob], PreparedBatch]) -> list[Any]:
+    async def _run(self, built: tuple[list[ScopedJob], PreparedBatch]) -> list[Any]:
         """Each job's partial result, in order, from the batch the IndexBuilder prepared."""
-        jobs, prepared = built
-        results = await asyncio.to_thread(self.engine.run_jobs, jobs, prepared)
-        self._ran(prepared)
-        return results
+        return await self._forward(*built)
 
-    async def _build_and_run(self, jobs: list[TaskJob]) -> list[Any]:
+    async def _build_and_run(self, items: list[ScopedJob]) -> list[Any]:
         """`index_builder: inline`: build and run one after the other (the pipeline benchmark's baseline)."""
-        prepared = await asyncio.to_thread(build_batch, self.engine.limits, self.args.radix, jobs)
-        results = await asyncio.to_thread(self.engine.run_jobs, jobs, prepared)
-        self._ran(prepared)
+        prepared = await asyncio.to_thread(build_batch, self.engine.limits, self.engine.radix,
+                                           [job for job, _ in items])
+        return await self._forward(items, prepared)
+
+    async def _forward(self, items: list[ScopedJob], prepared: PreparedBatch) -> list[Any]:
+        """The jobs' partial results, each job reading and filling its request's prefix cache scope."""
+        jobs, scopes = [job for job, _ in items], [scope for _, scope in items]
+        results = await asyncio.to_thread(self.engine.run_jobs, jobs, prepared, scopes)
+        self._ran(prepared, results)
         return results
 
-    def _ran(self, prepared: PreparedBatch) -> None:
-        """Export the mode and N'/N of a batch that ran (the rows computed: all N tokens when the mode is off)."""
-        computed = prepared.index.num_compact if prepared.index is not None else prepared.num_tokens
+    def _ran(self, prepared: PreparedBatch, results: list[Any]) -> None:
+        """Export the mode and N'/N of a batch that ran: the rows it computed after in-batch sharing and cache hits,
+        the sum of its jobs' `usage` (all N tokens when the mode is off and nothing was cached)."""
+        computed = sum(result.usage.computed_tokens for result in results)
         self.computed_tokens += computed
+        self.cached_tokens += sum(result.usage.cached_tokens for result in results)
         self.metrics.ran(prepared.mode, prepared.num_tokens, computed)
+        self._cache_changed()
+
+    def _cache_changed(self) -> None:
+        if self.engine.prefix_cache is not None:
+            self.metrics.prefix_cache(self.engine.prefix_cache.stats())
+
+    def _cache_stats(self) -> dict[str, Any] | None:
+        """The prefix cache's counters and what it holds (`PrefixCacheStats`, with its hit ratio); None without one."""
+        if self.engine.prefix_cache is None:
+            return None
+        stats = self.engine.prefix_cache.stats()
+        return {**dataclasses.asdict(stats), "hit_ratio": stats.hit_ratio}
 
 
 def cpu_threads() -> int:

@@ -1,6 +1,6 @@
 """`EngineRequest`: what the ingress sends the engine deployment for one client request, in one handle call.
 
-    reply = await engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority))
+    reply = await engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority, cache_scope()))
 
 One call per client request, whatever its size: the replica admits all of its parts or refuses all of them
 (`deployments.batcher`), its batcher cuts them into batches, and cancelling the call (the client went away, its
@@ -9,6 +9,9 @@ the handle call (`PendingRequest.args[0]`) for the prefix key and the work it we
 
 `Priority` is the request's class: `interactive` (the default) runs before `batch` (bulk ingest, offline jobs),
 which only fills what interactive work leaves of a batch until it has waited `batch_priority_aging_s`.
+
+`cache_scope` is the tree of the replica's prefix cache the request's sequences read and fill: its API key's digest
+(`deployments.auth.cache_scope`), or None for the shared tree.
 """
 
 from __future__ import annotations
@@ -47,14 +50,19 @@ class EngineRequest:
 
     `cost` is the work the device will do for it, in rows: each part's shared prefix once, then every sequence's
     own tokens (`TaskJob.work_tokens`), so a 1000-document rerank of one query is not priced as 1000 copies of
-    the query. Admission and the router's load count it; the batch budget counts the parts' input tokens."""
+    the query. Admission and the router's load count it; the batch budget counts the parts' input tokens.
+    `prefix_cost` is the part of it that is the parts' shared prefixes: what a replica whose prefix cache holds the
+    prefix does not compute (the router leaves it out of the load it counts on the key's owner)."""
 
     parts: tuple[TaskJob, ...]
     prefix_key: str | None  # hash of the shared prefix's token ids; None: placed by load alone
     cost: int
     priority: Priority = Priority.INTERACTIVE
+    cache_scope: str | None = None  # the prefix cache tree: the API key's digest; None: the shared one
+    prefix_cost: int = 0  # rows of `cost` that are the parts' shared prefixes
 
     @classmethod
-    def of(cls, parts: Sequence[TaskJob], prefix_key: str | None,
-           priority: Priority = Priority.INTERACTIVE) -> EngineRequest:
-        return cls(tuple(parts), prefix_key, sum(part.work_tokens for part in parts), priority)
+    def of(cls, parts: Sequence[TaskJob], prefix_key: str | None, priority: Priority = Priority.INTERACTIVE,
+           cache_scope: str | None = None) -> EngineRequest:
+        return cls(tuple(parts), prefix_key, sum(part.work_tokens for part in parts), priority, cache_scope,
+                   sum(part.shared_len for part in parts))

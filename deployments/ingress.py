@@ -42,11 +42,12 @@ class Ingress:
     def __init__(self, engine: DeploymentHandle, args: AppArgs):
         self.engine = engine
         self.args = args
-        self.api_keys = load_api_keys(args.api_keys_file, args.api_keys_env)
-        self.context = load_task_context(args.model, args.task_config())
+        self.api_keys = load_api_keys(args.auth.api_keys_file, args.auth.api_keys_env,
+                                      prefix_cache_scope=args.auth.prefix_cache_scope)
+        self.context = load_task_context(args.model, args.tasks)
         self.card = model_card(args.model, args.served_model_name, args.primary_task, self.context)
         self.metrics = IngressMetrics()
-        self.path = RequestPath(engine, self.context, args.max_request_tokens)
+        self.path = RequestPath(engine, self.context, args.limits.max_request_tokens)
 
     async def answer(self, request: TaskRequest, priority: Priority = Priority.INTERACTIVE) -> Any:
         """The request's result, by the one request path (what every transport calls)."""
@@ -60,9 +61,10 @@ class Ingress:
 
     async def info(self) -> dict[str, Any]:
         engine = await self.engine.info.remote()
-        return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.max_items_per_request,
-                "max_tokens_per_item": self.context.token_limit, "max_request_tokens": self.args.max_request_tokens,
-                "max_request_bytes": self.args.max_request_bytes, "submitted_parts": self.path.submitted_parts,
+        limits = self.args.limits
+        return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.tasks.max_items,
+                "max_tokens_per_item": self.context.token_limit, "max_request_tokens": limits.max_request_tokens,
+                "max_request_bytes": limits.max_request_bytes, "submitted_parts": self.path.submitted_parts,
                 **self.card.info(), "model": self.card.served_model_name}
 
     def __serve_build_asgi_app__(self):

@@ -12,6 +12,7 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
       radixserve_request_input_tokens_total{task, api}       tokens of answered requests as sent to the model
       radixserve_request_computed_tokens_total{task, api}    tokens computed for them: 1 - computed/input is the
                                                              share deduplication saved
+      radixserve_request_cached_tokens_total{task, api}      tokens of them read from the prefix cache
     router, in the ingress replica (RouterMetrics)
       radixserve_router_keys{engine_replica}                 distinct prefix keys among the last KEY_WINDOW
                                                              keyed requests, by the replica they went to
@@ -25,6 +26,11 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
                                                              device), forward; the batcher's `BatchStats`
       radixserve_queue_items, radixserve_queue_tokens        gauges: what waits in the batch queue now
       radixserve_index_builder_restarts_total{reason}        IndexBuilder actors replaced (health, build)
+      radixserve_prefix_cache_hit_tokens_total               tokens read from the replica's prefix cache
+      radixserve_prefix_cache_lookup_tokens_total            tokens looked up in it (every batch's): hits over
+                                                             lookups is the hit ratio
+      radixserve_prefix_cache_evictions_total                cached segments evicted to make room (LRU)
+      radixserve_prefix_cache_bytes, _budget_bytes           gauges: K/V held now, and the budget
 
 `api` is the face a request came in by: `grpc` (radixserve.v1), `tei_grpc` (tei.v1), and `http_<dialect>` for
 each HTTP dialect (`http_api(dialect.name)`). `code` is a gRPC status name for every api, so one dashboard
@@ -48,6 +54,7 @@ from dataclasses import dataclass
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from deployments.batcher import BatchStats
+from radix_core.prefix_cache import PrefixCacheStats
 from radix_core.tasks import Usage
 
 logger = logging.getLogger("ray.serve")
@@ -85,6 +92,7 @@ def count_usage(usage: Usage) -> None:
     if meter is not None:
         meter.input_tokens += usage.input_tokens
         meter.computed_tokens += usage.computed_tokens
+        meter.cached_tokens += usage.cached_tokens
 
 
 @dataclass
@@ -98,6 +106,7 @@ class RequestMeter:
     code: str | None = None
     input_tokens: int = 0
     computed_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class IngressMetrics:
@@ -115,6 +124,9 @@ class IngressMetrics:
         self.computed_tokens = Counter("radixserve_request_computed_tokens",
                                        "Tokens computed for answered requests after shared prefixes were "
                                        "deduplicated.", tag_keys=("task", "api"))
+        self.cached_tokens = Counter("radixserve_request_cached_tokens",
+                                     "Tokens of answered requests read from the engine's prefix cache instead of "
+                                     "computed.", tag_keys=("task", "api"))
 
     @contextmanager
     def request(self, task: str, api: str, request_id: str) -> Iterator[RequestMeter]:
@@ -144,11 +156,13 @@ class IngressMetrics:
         if code == "OK":  # tokens of what was answered: the sum of the usage the client got back
             task_tags = {"task": meter.task, "api": meter.api}
             for counter, tokens in ((self.input_tokens, meter.input_tokens),
-                                    (self.computed_tokens, meter.computed_tokens)):
+                                    (self.computed_tokens, meter.computed_tokens),
+                                    (self.cached_tokens, meter.cached_tokens)):
                 if tokens > 0:  # Ray refuses an increment of 0 (a request whose rows a batch neighbour computed)
                     counter.inc(tokens, tags=task_tags)
-        logger.debug("request %s: %s %s %s in %.3f s, %d input tokens, %d computed", meter.request_id, meter.api,
-                     meter.task, code, duration_s, meter.input_tokens, meter.computed_tokens)
+        logger.debug("request %s: %s %s %s in %.3f s, %d input tokens, %d computed, %d cached", meter.request_id,
+                     meter.api, meter.task, code, duration_s, meter.input_tokens, meter.computed_tokens,
+                     meter.cached_tokens)
 
 
 class EngineMetrics:
@@ -171,6 +185,17 @@ class EngineMetrics:
         self.restarts = Counter("radixserve_index_builder_restarts",
                                 "IndexBuilder actors replaced, by why: health (no ping answer) or build (it died "
                                 "building a batch).", tag_keys=("reason",))
+        self.cache_hits = Counter("radixserve_prefix_cache_hit_tokens",
+                                  "Tokens read from the prefix cache instead of computed.")
+        self.cache_lookups = Counter("radixserve_prefix_cache_lookup_tokens",
+                                     "Tokens looked up in the prefix cache (every token of every batch); hits over "
+                                     "lookups is the hit ratio.")
+        self.cache_evictions = Counter("radixserve_prefix_cache_evictions",
+                                       "Prefix cache segments evicted, least recently used first, to make room.")
+        self.cache_bytes = Gauge("radixserve_prefix_cache_bytes", "Bytes of K/V the prefix cache holds now.")
+        self.cache_budget = Gauge("radixserve_prefix_cache_budget_bytes",
+                                  "The prefix cache's budget in bytes (engine.prefix_cache_bytes, resolved).")
+        self._cache_seen: PrefixCacheStats | None = None
 
     def ran(self, mode: str, num_tokens: int, num_compact: int) -> None:
         """One batch run in `mode`: `num_compact` rows computed for `num_tokens` tokens."""
@@ -179,6 +204,19 @@ class EngineMetrics:
 
     def restarted(self, reason: str) -> None:
         self.restarts.inc(1, tags={"reason": reason})
+
+    def prefix_cache(self, stats: PrefixCacheStats) -> None:
+        """The prefix cache now: its counters grow by what changed since the last call (from zero after a clear),
+        its gauges are set."""
+        seen, self._cache_seen = self._cache_seen, stats
+        for counter, field in ((self.cache_hits, "hit_tokens"), (self.cache_lookups, "lookup_tokens"),
+                               (self.cache_evictions, "evictions")):
+            now, before = getattr(stats, field), getattr(seen, field) if seen is not None else 0
+            grown = now - before if now >= before else now
+            if grown > 0:  # Ray refuses an increment of 0
+                counter.inc(grown)
+        self.cache_bytes.set(stats.bytes)
+        self.cache_budget.set(stats.budget_bytes)
 
     def queue_changed(self, items: int, tokens: int) -> None:
         self.queue_items.set(items)

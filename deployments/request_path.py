@@ -9,8 +9,9 @@
    template's system prompt, instruction and query for rerank, the instruction for embed, the few-shot prefix for
    classify, the context for score), exactly what the radix trie deduplicates. `PrefixAffinityRouter` sends one
    key to one engine replica, where the batcher puts the parts of one prefix into one batch;
-3. submit: all parts in one engine call (`EngineRequest`: admitted, refused and cancelled as one); the replica
-   returns an overload refusal as a value (`QueueFullError`), raised here;
+3. submit: all parts in one engine call (`EngineRequest`: admitted, refused and cancelled as one), with the call's
+   prefix cache scope (`deployments.auth.cache_scope`: its API key's digest, so tenants never read each other's
+   cached K/V); the replica returns an overload refusal as a value (`QueueFullError`), raised here;
 4. merge (a worker thread): the parts' results joined as if the request had run whole (`Task.merge`), its tokens
    counted into the request being metered (`count_usage`).
 
@@ -32,6 +33,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
+from deployments.auth import cache_scope
 from deployments.batcher import QueueFullError
 from deployments.engine_request import EngineRequest, Priority
 from deployments.metrics import count_usage
@@ -52,7 +54,7 @@ class RequestPath:
         task = task_for(request)
         job, parts = await asyncio.to_thread(self._encode, task, request)
         self.submitted_parts += len(parts)
-        reply = await self.engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority))
+        reply = await self.engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority, cache_scope()))
         if isinstance(reply, QueueFullError):
             raise reply
         result = await asyncio.to_thread(task.merge, job, reply)

@@ -3,7 +3,8 @@
 Selected per deployment with
 
     RequestRouterConfig(request_router_class="deployments.router:PrefixAffinityRouter",
-                        request_router_kwargs={"load_factor": 1.25, "virtual_nodes": 128, "min_load_tokens": 8192})
+                        request_router_kwargs={"load_factor": 1.25, "virtual_nodes": 128, "min_load_tokens": 8192,
+                                               "prefix_cache": True})
 
 Contract with the caller (the ingress): the handle call's first argument is an `EngineRequest`
 (`deployments.engine_request`), which Ray hands to the router in `PendingRequest.args` and then to the replica
@@ -13,6 +14,14 @@ method unchanged:
 
 The router reads its `prefix_key` and weighs it by its `cost` (the work the device will do). A request without a
 key is ranked least-loaded first; a call without an `EngineRequest` weighs one token.
+
+**Keys stay where their K/V live.** With `prefix_cache` (the engine replicas keep a prefix cache,
+`radix_core.prefix_cache`), a key's owner on the ring holds the key's shared prefix from the key's first request on,
+so a request there computes only its own rows: its load on the owner is its `cost` less its `prefix_cost`, on any
+other replica its whole `cost`. Loads are then what the devices compute, and the owner of a hot key takes its
+requests until its real outstanding work passes the bound; counting the prefix on the owner too made it look fuller
+than it was and spilled requests to a replica that computes the prefix again (bench/results/prefix_cache_bench.md).
+Without a cache the owner computes the prefix again in each batch, so every request counts its whole cost.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
 that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
@@ -53,10 +62,13 @@ def request_key(args: Sequence[Any]) -> str | None:
     return request.prefix_key if request is not None and request.prefix_key else None
 
 
-def request_weight(args: Sequence[Any]) -> float:
-    """The work a handle call carries, in tokens (1 when it carries no `EngineRequest`)."""
+def request_weight(args: Sequence[Any], on_owner: bool = False) -> float:
+    """The work a handle call carries, in tokens (1 when it carries no `EngineRequest`): on its key's owner, whose
+    prefix cache holds the key's prefix, without the prefix."""
     request = engine_request(args)
-    return float(max(request.cost, 1)) if request is not None else 1.0
+    if request is None:
+        return 1.0
+    return float(max(request.cost - (request.prefix_cost if on_owner else 0), 1))
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -67,16 +79,19 @@ class PrefixAffinityRouter(RequestRouter):
         self._ring = HashRing(virtual_nodes=DEFAULT_VIRTUAL_NODES)
         self._load_factor = DEFAULT_LOAD_FACTOR
         self._min_load_tokens = 0.0
+        self._prefix_cache = False
         self._outstanding: dict[tuple[str, str], list[float]] = {}  # (replica, internal request id) -> tokens each
         self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
         self.metrics = RouterMetrics()
 
     def initialize_state(self, load_factor: float = DEFAULT_LOAD_FACTOR,
-                         virtual_nodes: int = DEFAULT_VIRTUAL_NODES, min_load_tokens: float = 0, **unknown):
-        """Takes `RequestRouterConfig.request_router_kwargs`."""
+                         virtual_nodes: int = DEFAULT_VIRTUAL_NODES, min_load_tokens: float = 0,
+                         prefix_cache: bool = False, **unknown):
+        """Takes `RequestRouterConfig.request_router_kwargs`; `prefix_cache`: whether the replicas keep a prefix cache
+        (`deployments.placement` passes it)."""
         if unknown:
             raise ValueError(f"PrefixAffinityRouter got unknown request_router_kwargs {sorted(unknown)}: "
-                             "it takes load_factor, virtual_nodes, min_load_tokens")
+                             "it takes load_factor, virtual_nodes, min_load_tokens, prefix_cache")
         if not load_factor >= 1.0:
             raise ValueError(f"load_factor must be >= 1.0, got {load_factor}")
         if min_load_tokens < 0:
@@ -84,6 +99,7 @@ class PrefixAffinityRouter(RequestRouter):
         self._ring = HashRing(self._ring.members, virtual_nodes=virtual_nodes)
         self._load_factor = float(load_factor)
         self._min_load_tokens = float(min_load_tokens)
+        self._prefix_cache = bool(prefix_cache)
 
     @property
     def loads(self) -> dict[str, float]:
@@ -142,12 +158,13 @@ class PrefixAffinityRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
-        """Count the request's tokens against the replica until `on_request_completed`; export where its key went."""
+        """Count the request's tokens against the replica until `on_request_completed` (with a prefix cache, its
+        prefix not on the key's owner); export where its key went."""
         key = request_key(pending_request.args)
         owners = self._ring.walk(key)[:1] if key is not None else []
         if owners:
             self.metrics.routed(key, replica_id.unique_id, owners[0])
-        tokens = request_weight(pending_request.args)
+        tokens = request_weight(pending_request.args, self._prefix_cache and owners == [replica_id.unique_id])
         slot = (replica_id.unique_id, pending_request.metadata.internal_request_id)
         self._outstanding.setdefault(slot, []).append(tokens)  # calls of one parent share its id
         self._loads[replica_id.unique_id] = self._loads.get(replica_id.unique_id, 0.0) + tokens

@@ -6,7 +6,7 @@ and hand TEI's fields to the functions here, so each TEI field is converted in o
     rerank  query, texts, raw_scores, return_text  RerankRequest query, documents, raw_scores, return_documents
     embed   inputs, normalize, dimensions          EmbedRequest texts, normalize, dimensions
     predict inputs, raw_scores                     PredictRequest inputs, raw_scores
-    truncate (TEI's default false)                 truncate
+    truncate (TEI's default false)                 truncate; long_documents "truncate" (TEI never chunks)
     truncation_direction Right / Left (HTTP), TRUNCATION_DIRECTION_RIGHT / _LEFT (gRPC)   "right" / "left"
     prompt_name                                    refused by name: no named prompts (radixserve.v1 has instruction)
 
@@ -55,7 +55,7 @@ def rerank_request(query: str, texts: list[str], raw_scores: bool, return_text: 
                    truncation_direction: str | int) -> RerankRequest:
     """The rerank request of a TEI rerank."""
     return RerankRequest(query, texts, raw_scores=raw_scores, return_documents=return_text,
-                         **truncation(truncate, truncation_direction))
+                         **truncation(truncate, truncation_direction), long_documents="truncate")
 
 
 def embed_request(inputs: list[str], normalize: bool | None, dimensions: int | None, truncate: bool | None,
@@ -65,7 +65,7 @@ def embed_request(inputs: list[str], normalize: bool | None, dimensions: int | N
     check_prompt_name(prompt_name)
     optional = {name: value for name, value in (("normalize", normalize), ("dimensions", dimensions))
                 if value is not None}
-    return EmbedRequest(inputs, **optional, **truncation(truncate, truncation_direction))
+    return EmbedRequest(inputs, **optional, **truncation(truncate, truncation_direction), long_documents="truncate")
 
 
 def predict_request(inputs: list[str], raw_scores: bool, truncate: bool | None,

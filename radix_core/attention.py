@@ -16,6 +16,11 @@ batch) and merged exactly:
 Both return the output and the log-sum-exp of each query's scores; `merge_prefix` combines a row's causal
 result with its prefix results (one per ancestor segment) into the softmax over its whole path.
 
+Rows whose K/V come from the prefix cache (`radix_core.prefix_cache`) are not rows of the batch: a batch with cache
+hits adds **past blocks** (`AttentionMetadata.past`), prefix blocks whose keys are ranges of the cached rows' K/V
+(`past`, passed per layer), merged like the others. In `off` and `mlp` their queries are the original tokens the
+batch computes, in `full` its compact rows; every backend reads them with its prefix-block call.
+
 Backends: `torch` (CPU and reference: one attention call per group of equal-length causal blocks and one per
 prefix block, with the log-sum-exp), `flash` (flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` on CUDA),
 `triton` (`radix_core.kernels.segment_attention`).
@@ -84,6 +89,7 @@ class AttentionMetadata:
 
     causal: CausalBlocks
     prefix: PrefixBlocks | None = None  # `full` mode with sharing
+    past: PrefixBlocks | None = None  # prefix cache hits: keys are rows of the layer's cached K/V
     qkv_scatter: torch.Tensor | None = None  # (N,) int64 `mlp` mode: compact -> original rows before attention
     out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
 
@@ -110,20 +116,25 @@ def merge_prefix(out: torch.Tensor, lse: torch.Tensor, prefix_out: torch.Tensor,
 
 
 class AttentionBackend:
-    """`attention(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale) -> (Nq, Hq, D)` from two
-    primitives, each returning (out, lse (rows, Hq) float32 natural log)."""
+    """`attention(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale, past) -> (Nq, Hq, D)` from two
+    primitives, each returning (out, lse (rows, Hq) float32 natural log). `past`: the layer's cached K/V
+    ((C, Hkv, D) each) that `meta.past` reads."""
 
     name = "abstract"
 
-    def __call__(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def __call__(self, q, k, v, meta: AttentionMetadata, scale: float,
+                 past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if meta.qkv_scatter is not None:  # RadixMLP: attention in the original layout
             q, k, v = (t.index_select(0, meta.qkv_scatter) for t in (q, k, v))  # (N, H, D)
-            return self.causal_blocks(q, k, v, meta.causal, scale)[0].index_select(0, meta.out_gather)  # (N', Hq, D)
         out, lse = self.causal_blocks(q, k, v, meta.causal, scale)
-        if meta.prefix is None:
-            return out
-        prefix_out, prefix_lse = self.prefix_blocks(q, k, v, meta.prefix, scale)
-        return merge_prefix(out, lse, prefix_out, prefix_lse, meta.prefix.q_rows)
+        parts = []  # (out (P, Hq, D), lse (P, Hq), query rows (P,)) of each kind of prefix block
+        if meta.prefix is not None:
+            parts.append((*self.prefix_blocks(q, k, v, meta.prefix, scale), meta.prefix.q_rows))
+        if meta.past is not None:
+            parts.append((*self.prefix_blocks(q, *past, meta.past, scale), meta.past.q_rows))
+        if parts:
+            out = merge_prefix(out, lse, *(torch.cat(kind) if len(parts) > 1 else kind[0] for kind in zip(*parts)))
+        return out if meta.out_gather is None else out.index_select(0, meta.out_gather)  # (N', Hq, D) in `mlp`
 
     def causal_blocks(self, q, k, v, blocks: CausalBlocks, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

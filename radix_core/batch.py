@@ -4,6 +4,11 @@
 token-id lists, check them against the model's limits, build the radix index and choose the mode. It returns
 numpy only, so it can run in another process (the serving layer's index builder prepares batch k+1 while
 batch k runs on the device) and travel by pickle.
+
+`auto` chooses per batch: a batch whose compression N'/N is above `radix_threshold` runs `off`; any other runs
+the mode of least predicted time under the engine's cost model (`radix_core.mode_cost`, calibrated on its device
+by `Engine.warm_up`), which sends a batch without sharing to `off` too. Its limits carry the model, so the index
+builder's process chooses as the engine would.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import numpy as np
 
 from radix_core.cascade import CascadePlan, cascade_plan
 from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
+from radix_core.mode_cost import DEFAULT_COSTS, MODES, ModeCosts, mode_works
 from radix_core.tokens import TokenSequences
 
-MODES = ("off", "mlp", "full")
 RADIX_CHOICES = ("auto", *MODES)
 
 
@@ -27,7 +32,8 @@ class BatchLimits:
 
     vocab_size: int
     max_seq_len: int
-    radix_threshold: float  # `auto` runs "full" when N'/N is at most this, else "off"
+    radix_threshold: float  # `auto` runs "off" when N'/N is above this, else the mode `costs` predicts fastest
+    costs: ModeCosts = DEFAULT_COSTS  # the engine's own: calibrated on its device, or its static FLOP count
 
 
 @dataclass
@@ -51,7 +57,7 @@ class PreparedBatch:
 
 def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str,
                   limits: BatchLimits) -> PreparedBatch:
-    """Check `sequences` against `limits`, index them and resolve `mode` ("auto" per batch compression)."""
+    """Check `sequences` against `limits`, index them and resolve `mode` ("auto": `auto_mode`)."""
     if mode not in RADIX_CHOICES:
         raise ValueError(f"unknown radix mode {mode!r}: choose one of {', '.join(RADIX_CHOICES)}")
     input_ids, cu_seqlens = flatten_sequences(sequences)
@@ -60,9 +66,21 @@ def prepare_batch(sequences: TokenSequences | Sequence[Sequence[int]], mode: str
         return PreparedBatch(input_ids, cu_seqlens, "off", None)
     index = build_radix_index(input_ids, cu_seqlens)
     if mode == "auto":
-        mode = "full" if index.compression <= limits.radix_threshold else "off"
-    cascade = cascade_plan(index) if mode == "full" else None
-    return PreparedBatch(input_ids, cu_seqlens, mode, index if mode != "off" else None, cascade)
+        mode, cascade = auto_mode(index, limits)
+    else:
+        cascade = cascade_plan(index) if mode == "full" else None
+    return PreparedBatch(input_ids, cu_seqlens, mode, index if mode != "off" else None,
+                         cascade if mode == "full" else None)
+
+
+def auto_mode(index: RadixIndex, limits: BatchLimits) -> tuple[str, CascadePlan | None]:
+    """The mode `auto` runs for the batch `index` holds, and the cascade plan it built to choose (None when it
+    did not): "off" when the compression is above `limits.radix_threshold`, else the mode of least predicted time
+    under `limits.costs`."""
+    if index.compression > limits.radix_threshold:
+        return "off", None
+    cascade = cascade_plan(index)
+    return limits.costs.choose(mode_works(index, cascade)), cascade
 
 
 def check_tokens(input_ids: np.ndarray, cu_seqlens: np.ndarray, limits: BatchLimits) -> None:

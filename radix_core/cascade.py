@@ -46,7 +46,13 @@ class CascadePlan:
 
 def cascade_plan(index: RadixIndex) -> CascadePlan:
     """The segments of `index`'s trie and the prefix blocks over them."""
-    parent = compact_parents(index)  # (N',)
+    return forest_plan(compact_parents(index))
+
+
+def forest_plan(parent: np.ndarray) -> CascadePlan:
+    """The segments and prefix blocks of the forest of rows whose parents are `parent` (R,) (-1 for a root), rows
+    numbered in first-appearance order (each parent before its children). The rows of a batch that the prefix
+    cache leaves to compute are such a forest: a row whose parent is cached is a root here."""
     num_rows = parent.shape[0]
     children = np.bincount(parent[parent >= 0], minlength=num_rows)  # (N',)
     rows = np.arange(num_rows)
@@ -61,7 +67,7 @@ def cascade_plan(index: RadixIndex) -> CascadePlan:
 
     ancestor, descendant = _ancestor_pairs(seg_parent)  # (A,) each, sorted by ancestor then descendant
     lengths = (seg_end - seg_start)[descendant]  # (A,) query rows each pair contributes
-    prefix_rows = _concat_ranges(seg_start[descendant], lengths)  # (P,)
+    prefix_rows = concat_ranges(seg_start[descendant], lengths)  # (P,)
     blocks, first = np.unique(ancestor, return_index=True)  # (I,) segments with descendants
     prefix_cu = np.zeros(blocks.shape[0] + 1, dtype=np.int64)
     if blocks.size:
@@ -103,7 +109,7 @@ def _ancestor_pairs(seg_parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ancestor[order], descendant[order]
 
 
-def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """(sum(lengths),) int64: `starts[i] .. starts[i] + lengths[i] - 1`, range after range."""
     offsets = np.cumsum(lengths) - lengths  # (A,) where each range begins in the output
     return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - offsets, lengths)

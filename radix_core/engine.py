@@ -10,15 +10,20 @@ takes its task's request fields (`engine.rerank(query, documents, top_n=1)` is
 `engine.answer(RerankRequest(query, documents, top_n=1))`): the fields and their defaults are the request type's.
 
 Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on compact rows), "full"
-(attention in compact space too), "auto" (per batch: "full" when the compression `N'/N` is at most
-`radix_threshold`, else "off", so a batch without sharing pays only the index build).
+(attention in compact space too), "auto" (per batch: the mode of least predicted time under a cost model of the
+batch's work, `radix_core.mode_cost`, measured on the device by `warm_up`; "off" when the compression `N'/N` is
+above `radix_threshold`; a batch without sharing runs "off" and pays only the index build).
+
+Across batches, `engine.prefix_cache` (`radix_core.prefix_cache`, budget `prefix_cache_bytes`, None when 0) keeps
+the K/V of prefixes seen twice; every mode reads them instead of computing those rows (`radix_core.cached_forward`).
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -27,9 +32,14 @@ import torch
 from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import fallback_backend, make_backend
 from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
+from radix_core.cached_forward import run_with_cache
+from radix_core.cached_rows import RowShape
+from radix_core.engine_config import EngineConfig
 from radix_core.finish import finish_jobs
 from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
 from radix_core.forward_result import ForwardResult
+from radix_core.mode_calibration import calibrate, static_costs
+from radix_core.prefix_cache import PrefixCache, cache_budget
 from radix_core.prompt_encoding import PromptTokenizer, load_prompt_tokenizer
 from radix_core.tasks import (
     ClassifyRequest,
@@ -51,7 +61,6 @@ from radix_core.tasks import (
 from radix_core.tasks.context import task_context
 from radix_core.tokens import TokenSequences
 
-DEFAULT_RADIX_THRESHOLD = 0.9
 WARM_UP_LONG = 512  # rows of warm_up's long blocks: past every flash-attn 4 query tile (at most 2 x 192 rows)
 WARM_UP_MANY = 257  # blocks of warm_up's many-block batches: past flash-attn 4's BIN_BATCH_SEARCH_THRESH (256)
 M = TypeVar("M", bound=Callable)
@@ -73,7 +82,7 @@ class Engine:
 
     def __init__(self, arch: Architecture, device: torch.device, dtype: torch.dtype, radix: str,
                  radix_threshold: float, attention: str, model: str = "", prompts: PromptTokenizer | None = None,
-                 task_config: TaskConfig | None = None):
+                 task_config: TaskConfig | None = None, prefix_cache_bytes: int | str = "auto"):
         if radix not in RADIX_CHOICES:
             raise ValueError(f"unknown radix mode {radix!r}: choose one of {', '.join(RADIX_CHOICES)}")
         if not 0.0 <= radix_threshold <= 1.0:
@@ -88,20 +97,26 @@ class Engine:
         self.model = model
         self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one
         self.task_config = task_config or TaskConfig()
+        self.mode_costs = static_costs(arch, device, dtype)  # how radix "auto" chooses; warm_up measures them
+        shape = RowShape.of(arch, dtype, device)
+        budget = cache_budget(prefix_cache_bytes, shape)
+        self.prefix_cache = PrefixCache(shape, budget) if budget else None  # K/V of prefixes across batches
 
     @classmethod
-    def from_pretrained(cls, model: str, device="auto", dtype="auto", radix: str = "auto",
-                        radix_threshold: float = DEFAULT_RADIX_THRESHOLD, attention: str = "auto",
-                        tasks: TaskConfig | Mapping | None = None) -> Engine:
-        """Load `model` (local directory or hub id) and its tokenizer. `device` "auto" picks CUDA when present;
-        `dtype` "auto" is bfloat16 on CUDA and float32 on the CPU (a torch dtype or its name, e.g. "float32",
-        also works). `tasks`: limits and template overrides for the text tasks, a `TaskConfig` or its dict."""
-        device = resolve_device(device)
-        dtype = resolve_dtype(dtype, device)
+    def from_pretrained(cls, model: str, config: EngineConfig | None = None,
+                        tasks: TaskConfig | Mapping | None = None, **settings: Any) -> Engine:
+        """Load `model` (local directory or hub id) and its tokenizer. `config`: device, dtype, radix mode and
+        attention backend (`EngineConfig`, its defaults when None), or any of its fields as keywords
+        (`device="cpu"`, which replace the config's). `tasks`: limits and template overrides for the text tasks,
+        a `TaskConfig` or its dict."""
+        config = replace(config or EngineConfig(), **settings)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
         arch = load_architecture(model, device, dtype)
         task_config = TaskConfig.from_dict(tasks) if isinstance(tasks, Mapping) else tasks
-        return cls(arch, device, dtype, radix, radix_threshold, attention, model=model,
-                   prompts=load_prompt_tokenizer(model), task_config=task_config)
+        return cls(arch, device, dtype, config.radix, config.radix_threshold, config.attention, model=model,
+                   prompts=load_prompt_tokenizer(model), task_config=task_config,
+                   prefix_cache_bytes=config.prefix_cache_bytes)
 
     @property
     def info(self) -> dict:
@@ -114,7 +129,9 @@ class Engine:
             "attention": self.backend.name,
             "radix": self.radix,
             "radix_threshold": self.radix_threshold,
+            "radix_costs": self.mode_costs.source,  # where auto's cost model comes from (calibrated or static)
             "max_seq_len": self.arch.max_seq_len,
+            "prefix_cache_bytes": self.prefix_cache.budget_bytes if self.prefix_cache is not None else 0,
         }
 
     @property
@@ -124,7 +141,7 @@ class Engine:
 
     @property
     def limits(self) -> BatchLimits:
-        return BatchLimits(self.arch.vocab_size, self.arch.max_seq_len, self.radix_threshold)
+        return BatchLimits(self.arch.vocab_size, self.arch.max_seq_len, self.radix_threshold, self.mode_costs)
 
     def check_device(self) -> None:
         """One tiny kernel and a copy back: raises when the device is unusable (a sticky CUDA error leaves every
@@ -141,11 +158,14 @@ class Engine:
         choice), in-process and holding the GIL, and Triton per call kind. The variants a batch selects depend on
         its shape, so the batches of `warm_up_batches` cover them all: the causal and the prefix call, short
         blocks and one past every query tile, few blocks and more than 256, in each mode this engine runs (`off`
-        and `full` for radix "auto"), in the engine's dtype. They run through the attention backend alone, on
-        random q/k/v of the model's head shape (50 ms on a CPU with the tiny test model: nothing compiles there;
-        Triton's interpreter, for tests only, takes minutes), then one small batch runs through the whole model.
+        and `full` for radix "auto"; `full` too with the prefix cache, whose hits make prefix calls in every mode),
+        in the engine's dtype. They run through the attention backend alone, on random q/k/v of the model's head
+        shape (50 ms on a CPU with the tiny test model: nothing compiles there; Triton's interpreter, for tests
+        only, takes minutes), then one small batch runs through the whole model, twice with the prefix cache (the
+        second reads the first's prefix from it, and the cache is then emptied).
         When flash-attn was only preferred (`attention="auto"`) and one of its kernels fails, the engine falls
-        back to the Triton kernels (`fallback_backend`, logged once) and warms those.
+        back to the Triton kernels (`fallback_backend`, logged once) and warms those. With radix "auto" it then
+        measures the cost model auto chooses by on this device (`radix_core.mode_calibration`, at most ~3 s).
 
         flash-attn 4 keeps its kernels in memory only, unless `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1` (then in
         `FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`); Triton keeps them in `TRITON_CACHE_DIR` (default
@@ -159,7 +179,12 @@ class Engine:
             self.backend = fallback_backend(self.attention, self.backend, self.device, err)
             self._warm_attention()
         self.forward([[1, 2, 3], [1, 2, 4]])
+        if self.prefix_cache is not None:  # the same again reads [1, 2] from the cache; then the cache starts cold
+            self.forward([[1, 2, 3], [1, 2, 4]])
+            self.prefix_cache.clear()
         self.check_device()  # waits for the queued work
+        if self.radix == "auto":
+            self.mode_costs = calibrate(self.arch, self.backend, self.limits, self.device, self.dtype)
         return time.perf_counter() - started
 
     @torch.inference_mode()
@@ -174,8 +199,11 @@ class Engine:
             out = torch.randn(rows, num_heads, attn.head_dim, generator=generator, device=self.device)  # (R, H, D)
             return out.to(self.dtype)
 
+        modes = ("off", "full") if self.radix == "auto" else (self.radix,)
+        if self.prefix_cache is not None and "full" not in modes:  # cache hits make prefix calls in every mode
+            modes += ("full",)
         for sequences in warm_up_batches(self.arch.max_seq_len):
-            for mode in ("off", "full") if self.radix == "auto" else (self.radix,):
+            for mode in modes:
                 plan = self._plan(self.prepare(sequences, mode))
                 rows = plan.num_rows
                 self.backend(random(rows, heads), random(rows, kv_heads), random(rows, kv_heads), plan.attention,
@@ -186,10 +214,15 @@ class Engine:
         return prepare_batch(sequences, self.radix if mode is None else mode, self.limits)
 
     @torch.inference_mode()
-    def run(self, prepared: PreparedBatch) -> ForwardResult:
-        """The device half: lay the prepared batch out on the device and run the layers."""
-        plan = self._plan(prepared)
-        return ForwardResult(prepared, plan, run_layers(self.arch, plan, self.backend), self.arch.head_module)
+    def run(self, prepared: PreparedBatch, scopes: Sequence[Hashable] | None = None) -> ForwardResult:
+        """The device half: lay the prepared batch out on the device and run the layers. With the prefix cache,
+        rows it holds are read instead of computed (`radix_core.cached_forward`); `scopes`: the cache tree of each
+        sequence (e.g. its API key), None for one shared tree."""
+        if self.prefix_cache is None:
+            plan = self._plan(prepared)
+            return ForwardResult(prepared, plan, run_layers(self.arch, plan, self.backend), self.arch.head_module)
+        plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes)
+        return ForwardResult(prepared, plan, hidden, self.arch.head_module)
 
     def _plan(self, prepared: PreparedBatch) -> BatchPlan:
         """The prepared batch laid out on the device for its mode."""
@@ -226,11 +259,13 @@ class Engine:
         result = self.forward(sequences, mode)
         return torch.cat(self._head_at(result, [[-1]] * len(sequences)))
 
-    def run_jobs(self, jobs: Sequence[TaskJob], prepared: PreparedBatch | None = None) -> list[Any]:
+    def run_jobs(self, jobs: Sequence[TaskJob], prepared: PreparedBatch | None = None,
+                 scopes: Sequence[Hashable] | None = None) -> list[Any]:
         """Run the jobs' sequences as one batch and finish each (`Task.finish`); partial results in job order.
 
         `prepared`: the batch prepared elsewhere (e.g. in an index-building process) from exactly the jobs'
         concatenated sequences; checked by sequence lengths. Without it the engine prepares the batch.
+        `scopes`: one per job, the prefix cache tree its sequences read and fill (None: the shared one).
         """
         sequences = TokenSequences.concat([job.sequences for job in jobs])
         if prepared is None:
@@ -239,7 +274,9 @@ class Engine:
             raise ValueError(f"the prepared batch ({prepared.num_sequences} sequences, {prepared.num_tokens} "
                              f"tokens) is not these jobs' sequences ({len(sequences)}, {sequences.num_tokens} "
                              f"tokens): prepare exactly the concatenation of the jobs' sequences, in job order")
-        return finish_jobs(self.run(prepared), jobs)
+        if scopes is not None:
+            scopes = [scope for job, scope in zip(jobs, scopes) for _ in range(len(job.sequences))]
+        return finish_jobs(self.run(prepared, scopes), jobs)
 
     def answer(self, request: TaskRequest) -> Any:
         """The result of one request of any task (`RerankRequest`, ...) as a batch of its own: `Task.encode`,

@@ -3,6 +3,8 @@
 A `BatchPlan` fixes, for one batch and one mode, the rows that position-wise work runs on (original tokens in
 `off`, compact tokens in `mlp` and `full`), how each original token maps to a row, and the attention metadata.
 `run_layers` then drives the model's own modules over those rows; no tensor is ever padded to `[B, L_max]`.
+With the prefix cache (`radix_core.cached_forward`) a plan also reads cached rows (`past`: their K/V in every
+layer, their final states after the computed rows') and hands the K/V of admitted rows to the cache (`kept`).
 """
 
 from __future__ import annotations
@@ -15,20 +17,27 @@ import torch
 from radix_core.architectures import Architecture
 from radix_core.attention import AttentionBackend, AttentionMetadata, CausalBlocks, PrefixBlocks
 from radix_core.batch import PreparedBatch
+from radix_core.cached_rows import CachedPrefix, KeptRows
+from radix_core.cascade import CascadePlan
 from radix_core.index import sequence_positions
 
 
 @dataclass
 class BatchPlan:
-    """One batch laid out for one mode, on the engine's device."""
+    """One batch laid out for one mode, on the engine's device. Rows `0..R` are computed; with cache hits the
+    cached rows `R..R+C` follow them in the result's hidden states."""
 
     mode: str  # "off", "mlp" or "full"
     row_ids: torch.Tensor  # (R,) int64 token id of each computed row
     row_positions: torch.Tensor  # (R,) int64 position id of each computed row
-    row_of_token: torch.Tensor  # (N,) int64 computed row of each original token
+    row_of_token: torch.Tensor  # (N,) int64 row of each original token
+    token_rows: np.ndarray  # (N,) int64 the same, on the host
     cu_seqlens: np.ndarray  # (B+1,) int64 original sequence boundaries
     cu_rows: np.ndarray  # (B+1,) int64 boundaries of the rows each sequence computes first (rows are in that order)
     attention: AttentionMetadata
+    cached_lengths: np.ndarray | None = None  # (B,) int64 leading tokens of each sequence read from the cache
+    past: CachedPrefix | None = None  # the cached rows the batch reads
+    kept: KeptRows | None = None  # the computed rows whose K/V and states enter the cache
 
     @property
     def num_tokens(self) -> int:
@@ -43,12 +52,13 @@ def plan_ragged(input_ids: np.ndarray, cu_seqlens: np.ndarray, device: torch.dev
     """`off`: every original token is a row, attention per sequence in place."""
     return BatchPlan(
         mode="off",
-        row_ids=_upload(input_ids, torch.int64, device),
-        row_positions=_upload(sequence_positions(cu_seqlens), torch.int64, device),
+        row_ids=upload(input_ids, torch.int64, device),
+        row_positions=upload(sequence_positions(cu_seqlens), torch.int64, device),
         row_of_token=torch.arange(int(cu_seqlens[-1]), device=device),
+        token_rows=np.arange(int(cu_seqlens[-1])),
         cu_seqlens=cu_seqlens,
         cu_rows=cu_seqlens,
-        attention=AttentionMetadata(_causal_blocks(cu_seqlens, device)),
+        attention=AttentionMetadata(causal_blocks(cu_seqlens, device)),
     )
 
 
@@ -56,41 +66,50 @@ def plan_compact(prepared: PreparedBatch, device: torch.device) -> BatchPlan:
     """`mlp` or `full`: compact tokens are the rows; attention as RadixMLP (`mlp`: per sequence in the original
     layout) or in compact space (`full`: causal over the trie's segments plus the shared-prefix blocks)."""
     index, mode = prepared.index, prepared.mode
-    scatter = _upload(index.scatter, torch.int64, device)  # (N,)
+    scatter = upload(index.scatter, torch.int64, device)  # (N,)
     if mode == "mlp":
-        attention = AttentionMetadata(_causal_blocks(index.cu_seqlens, device), qkv_scatter=scatter,
-                                      out_gather=_upload(index.fold_gather, torch.int64, device))
+        attention = AttentionMetadata(causal_blocks(index.cu_seqlens, device), qkv_scatter=scatter,
+                                      out_gather=upload(index.fold_gather, torch.int64, device))
     else:
-        cascade = prepared.cascade
-        prefix = None
-        if cascade.has_prefix:
-            prefix = PrefixBlocks(_upload(cascade.prefix_rows, torch.int64, device),
-                                  _upload(cascade.prefix_cu, torch.int32, device),
-                                  _upload(cascade.prefix_key_start, torch.int32, device),
-                                  _upload(cascade.prefix_key_end, torch.int32, device),
-                                  int(np.diff(cascade.prefix_cu).max()),
-                                  int((cascade.prefix_key_end - cascade.prefix_key_start).max()))
-        attention = AttentionMetadata(_causal_blocks(cascade.segments, device), prefix)
+        attention = cascade_attention(prepared.cascade, device)
     return BatchPlan(
         mode=mode,
-        row_ids=_upload(index.compact_input_ids, torch.int64, device),
-        row_positions=_upload(index.compact_position_ids, torch.int64, device),
+        row_ids=upload(index.compact_input_ids, torch.int64, device),
+        row_positions=upload(index.compact_position_ids, torch.int64, device),
         row_of_token=scatter,
+        token_rows=index.scatter.astype(np.int64),
         cu_seqlens=index.cu_seqlens.astype(np.int64),
         cu_rows=index.cu_seqlens_q.astype(np.int64),  # the added blocks: searchsorted(fold_gather, cu_seqlens)
         attention=attention,
     )
 
 
-def _causal_blocks(bounds: np.ndarray, device: torch.device) -> CausalBlocks:
-    """Causal blocks over rows `bounds[j]:bounds[j+1]` (sequences, or the trie's segments)."""
-    return CausalBlocks(_upload(bounds, torch.int32, device), int(np.diff(bounds).max()))
+def cascade_attention(cascade: CascadePlan, device: torch.device) -> AttentionMetadata:
+    """`full` mode's attention: causal blocks over the segments, and the prefix blocks when there are any."""
+    prefix = None
+    if cascade.has_prefix:
+        prefix = prefix_blocks(cascade.prefix_rows, cascade.prefix_cu, cascade.prefix_key_start,
+                               cascade.prefix_key_end, device)
+    return AttentionMetadata(causal_blocks(cascade.segments, device), prefix)
+
+
+def prefix_blocks(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key_end: np.ndarray,
+                  device: torch.device) -> PrefixBlocks:
+    """Prefix blocks from their host arrays: query rows (P,), block boundaries (J+1,), key ranges (J,) each."""
+    return PrefixBlocks(upload(q_rows, torch.int64, device), upload(cu, torch.int32, device),
+                        upload(key_start, torch.int32, device), upload(key_end, torch.int32, device),
+                        int(np.diff(cu).max()), int((key_end - key_start).max()))
+
+
+def causal_blocks(bounds: np.ndarray, device: torch.device) -> CausalBlocks:
+    """Causal blocks over rows `bounds[j]:bounds[j+1]` (sequences, or the trie's segments); none for `[0]`."""
+    return CausalBlocks(upload(bounds, torch.int32, device), int(np.diff(bounds).max(initial=0)))
 
 
 _NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
 
 
-def _upload(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def upload(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """`a` as `dtype` on `device`. To CUDA through pinned memory without blocking: a pageable copy would make the
     host wait for all the work queued before it (batch k's layers) before it can queue batch k+1. The pinned
     buffer is held by torch's host allocator until the copy is done."""
@@ -101,18 +120,24 @@ def _upload(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -> torch.Tensor:
-    """(R, hidden) final-normed hidden states of the plan's rows."""
+    """(R + C, hidden) final-normed hidden states of the plan's computed rows, then of its cached rows."""
+    if plan.num_rows == 0:  # every token's row is cached
+        return plan.past.states()
     h = arch.embed_tokens(plan.row_ids)  # (R, hidden)
     cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, head_dim) each
     cos, sin = cos[0], sin[0]  # (R, head_dim)
-    for layer in arch.layers:
-        h = h + _attention_block(arch, layer, layer.input_layernorm(h), cos, sin, plan.attention, backend)
+    for i, layer in enumerate(arch.layers):
+        h = h + _attention_block(arch, i, layer, layer.input_layernorm(h), cos, sin, plan, backend)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return arch.norm(h)
+    h = arch.norm(h)
+    if plan.kept is not None:
+        plan.kept.keep_states(h)
+    return h if plan.past is None else torch.cat([h, plan.past.states()])  # (R + C, hidden)
 
 
-def _attention_block(arch, layer, x, cos, sin, meta, backend) -> torch.Tensor:
-    """The decoder layer's self-attention on rows: projections, q/k-norm, rotary, backend, output projection."""
+def _attention_block(arch, i, layer, x, cos, sin, plan, backend) -> torch.Tensor:
+    """Layer `i`'s self-attention on rows: projections, q/k-norm, rotary, backend (with the cached rows' K/V
+    when the plan reads them), output projection."""
     attn = layer.self_attn
     rows = x.shape[0]
     q = attn.q_proj(x).view(rows, -1, attn.head_dim)  # (R, Hq, D)
@@ -121,5 +146,8 @@ def _attention_block(arch, layer, x, cos, sin, meta, backend) -> torch.Tensor:
     if hasattr(attn, "q_norm"):  # Qwen3
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = arch.apply_rotary(q, k, cos, sin, unsqueeze_dim=1)  # cos (R, 1, D) against (R, H, D)
-    out = backend(q, k, v, meta, attn.scaling)  # (R, Hq, D)
+    if plan.kept is not None:
+        plan.kept.keep_layer(i, k, v)
+    past = plan.past.kv(i) if plan.attention.past is not None else None  # (C, Hkv, D) each
+    out = backend(q, k, v, plan.attention, attn.scaling, past)  # (R, Hq, D)
     return attn.o_proj(out.reshape(rows, -1))  # (R, hidden)

@@ -1,9 +1,9 @@
 """`ForwardResult`: one batch's computed rows after the forward, and the model's head read off them.
 
 Everything a caller asks of a result is answered with one upload and one download per call, never one per
-sequence: which row holds a token is known on the host (the prepared batch's `scatter`, or the identity in
-`off` mode), so rows are computed in numpy and sent to the device as one index array. The head runs in float32
-on the distinct rows only:
+sequence: which row holds a token is known on the host (the plan's `token_rows`: the prepared batch's `scatter`,
+the identity in `off` mode, a cached row for a token read from the prefix cache), so rows are computed in numpy
+and sent to the device as one index array. The head runs in float32 on the distinct rows only:
 
 * `head_outputs(rows, columns)`: the head's outputs at `rows`, only `columns` of them when given (a reranker's
   yes/no logits are two rows of a 151,936-row LM head: two dot products per row instead of the vocabulary);
@@ -15,7 +15,6 @@ on the distinct rows only:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ class ForwardResult:
 
     prepared: PreparedBatch
     plan: BatchPlan
-    hidden: torch.Tensor  # (R, hidden) final-normed
+    hidden: torch.Tensor  # (R + C, hidden) final-normed: the computed rows, then the cached rows read
     head: nn.Module | None  # lm_head (vocab) or score (num_labels); None for a base model
 
     @property
@@ -44,14 +43,19 @@ class ForwardResult:
 
     @property
     def num_computed(self) -> int:
-        """Rows actually computed position-wise after deduplication."""
+        """Rows actually computed position-wise after deduplication and prefix cache hits."""
         return self.plan.num_rows
 
-    @cached_property
+    @property
     def row_of_token(self) -> np.ndarray:
-        """(N,) int64 computed row of each original token, on the host."""
-        index = self.prepared.index
-        return np.arange(self.prepared.num_tokens) if index is None else index.scatter.astype(np.int64)
+        """(N,) int64 row of each original token in `hidden`, on the host."""
+        return self.plan.token_rows
+
+    @property
+    def cached_lengths(self) -> np.ndarray:
+        """(B,) int64 leading tokens of each sequence read from the prefix cache instead of computed."""
+        lengths = self.plan.cached_lengths
+        return np.zeros(self.prepared.num_sequences, dtype=np.int64) if lengths is None else lengths
 
     def rows(self, sequences: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """(P,) int64 computed row of position `positions[i]` (negative counts from the end) of sequence

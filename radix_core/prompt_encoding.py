@@ -67,6 +67,11 @@ class PromptTokenizer(MarkedTokenizer):
         self._newline_safe = tokenizer_probe.newline_is_safe(self.encode_batch, self._encode_plain)
         self._chars_per_token = tokenizer_probe.chars_per_token(tokenizer, self.encode_batch, self._encode_plain)
 
+    @property
+    def chars_per_token(self) -> int | None:
+        """Most characters one token covers (None: no bound), for the character bounds of `radix_core.truncation`."""
+        return self._chars_per_token
+
     def encode_prompts(self, parts: PromptParts, limit: int, truncate: bool, end_ids: Sequence[int] = (),
                        what: str = "item", *, special_tokens_in_user_text: bool = False,
                        truncation_direction: str = "right", max_item_tokens: int | None = None) -> EncodedBatch:

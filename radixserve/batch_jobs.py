@@ -87,6 +87,10 @@ def _dispatch(run: Callable[[argparse.Namespace], int], single: Callable[[argpar
 def run_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
+    if args.chunks == "each":
+        print("--chunks each gives one embedding per chunk; an embed job writes one row per text: use --chunks "
+              "pooled (or leave it to the server's default)", file=sys.stderr)
+        return 2
     texts = [_text(row, i) for i, row in enumerate(_rows(args.input))]
     part, meta = Path(f"{args.output}{PART_SUFFIX}"), Path(f"{args.output}{META_SUFFIX}")
     dims = json.loads(meta.read_text())["dimensions"] if meta.exists() else None
@@ -95,7 +99,7 @@ def run_embed(args: argparse.Namespace) -> int:
         with part.open("r+b") as f:
             f.truncate(done * 4 * dims)
     chunks = (Chunk(s, texts[s:s + args.batch_size]) for s in range(done, len(texts), args.batch_size))
-    options = _options(args, exclude={"texts"})
+    options = {"chunks": "pooled", **_options(args, exclude={"texts"})}  # one row per text, whatever the default
 
     def call(client, chunk: Chunk):
         reply = client.embed(texts=chunk.rows, **options)

@@ -21,7 +21,6 @@ import os
 import sys
 
 from radixserve.batch_jobs import add_subcommand as _add_batch_jobs
-from radixserve.launcher import add_subcommand as _add_serve
 
 TINY_ARCHS = ("qwen3", "qwen2", "llama", "mistral")
 TINY_HEADS = ("causal_lm", "seq_cls", "base")
@@ -131,6 +130,15 @@ def _run_client_command(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(to_dict(reply)))
     return 0
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    """`serve [CONFIG]`: the server's launcher, which lives with the server (`deployments.launcher`). This is the
+    one place the client package reaches into the server's, lazily, so `import radixserve.cli` imports no
+    `deployments` module and the dependency between the two packages runs one way."""
+    from deployments.launcher import add_subcommand
+
+    add_subcommand(subparsers)
 
 
 _SUBCOMMANDS = (_add_make_tiny_model, _add_client_commands, _add_batch_jobs, _add_serve)

@@ -40,38 +40,60 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
 
 
 @pytest.fixture(scope="session")
-def start_local_ray() -> Callable[[], None]:
-    """`start_local_ray()` starts the 2-CPU loopback Ray a serve test runs on (the test shuts it down)."""
-    return _start_local_ray
+def serve_cluster():
+    """The local Ray with Serve's HTTP and gRPC proxies that serve test modules share (`tests/serving.py`
+    `ServeCluster`): `serve_cluster.ensure()` starts it on first use; it stops at the end of the session."""
+    from serving import ServeCluster
 
-
-def _start_local_ray(**options) -> None:
-    """A new 2-CPU local Ray (`address="local"`: never another process's cluster), with `ray.init` `options`.
-
-    Ray waits a fixed 30 s for a new raylet to register; the first start on a fresh install, under load, can
-    take longer, so a start that timed out is retried once."""
-    import ray
-
-    for attempt in range(2):
-        try:
-            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, **options)
-            return
-        except Exception as err:  # Ray raises a bare Exception for this timeout
-            ray.shutdown()
-            if attempt or "timed out during startup" not in str(err):
-                raise
+    cluster = ServeCluster()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(scope="session")
-def start_local_ray_with_metrics() -> Callable[[int], None]:
-    """`start_local_ray_with_metrics(port)`: the same local Ray, with the node's metrics agent serving Prometheus
-    text on 127.0.0.1:`port` (`ray.init(_metrics_export_port=...)`) and exporting every second rather than every
-    10 s (`metrics_report_interval_ms`; Ray floors it at 1 s)."""
-    return _start_local_ray_with_metrics
+def start_local_ray(serve_cluster) -> Callable[..., None]:
+    """`start_local_ray(**ray_init_options)` starts a 2-CPU loopback Ray of the test's own (the test shuts it down),
+    for tests where a Ray to themselves is the point (killed nodes, autoscaling); the shared cluster stops first."""
+    from serving import start_local_ray
+
+    def start(**options) -> None:
+        serve_cluster.stop()
+        start_local_ray(**options)
+
+    return start
 
 
-def _start_local_ray_with_metrics(port: int) -> None:
-    _start_local_ray(_metrics_export_port=port, _system_config={"metrics_report_interval_ms": 1000})
+@pytest.fixture(scope="session")
+def start_local_ray_with_metrics(start_local_ray) -> Callable[[int], None]:
+    """`start_local_ray_with_metrics(port)`: a Ray of the test's own, with the node's metrics agent serving
+    Prometheus text on 127.0.0.1:`port` (`ray.init(_metrics_export_port=...)`) and exporting every second rather
+    than every 10 s (`metrics_report_interval_ms`; Ray floors it at 1 s)."""
+    return lambda port: start_local_ray(_metrics_export_port=port,
+                                        _system_config={"metrics_report_interval_ms": 1000})
+
+
+@pytest.fixture(autouse=True)
+def _a_ray_of_its_own_stops_the_shared_cluster(request: pytest.FixtureRequest) -> None:
+    """A serve test that is not on the shared cluster starts a Ray of its own (the README's serve command in a
+    subprocess, a cluster of several nodes): the shared cluster's processes stop first, so they take no CPU from it."""
+    if request.node.get_closest_marker("serve") is not None and "serve_cluster" not in request.fixturenames:
+        request.getfixturevalue("serve_cluster").stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules without Ray first, then the modules on the shared serve cluster, then those that start a Ray of their
+    own: the shared cluster starts once rather than once per module (order within each group is kept)."""
+    group: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if "serve_cluster" in item.fixturenames and "start_local_ray" not in item.fixturenames:
+            kind = 1
+        elif item.get_closest_marker("serve") is not None or "start_local_ray" in item.fixturenames:
+            kind = 2
+        else:
+            kind = 0
+        group[module] = max(group.get(module, 0), kind)
+    items.sort(key=lambda item: group[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""What the serve tests share: free loopback ports, `serve_config.yaml`'s gRPC servicers, `GrpcDeployment` (one
-local Ray + Serve with the gRPC proxy that (re)deploys the application when a test asks for another config), and
-`Launched`: the README's serve command (`radixserve serve CONFIG`) as a subprocess with its own local Ray."""
+"""What the serve tests share: free loopback ports, `serve_config.yaml`'s gRPC servicers, `ServeCluster` (the one
+local Ray with Serve's HTTP and gRPC proxies that every serve module shares unless it needs a Ray of its own),
+`GrpcDeployment` (deploys the application on it, again when a test asks for another config), and `Launched`: the
+README's serve command (`radixserve serve CONFIG`) as a subprocess with its own local Ray."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import yaml
 from ray import serve
 
 from deployments.app import build
-from radixserve.launcher import GRPC_MESSAGE_SIZE_ENV
+from deployments.launcher import GRPC_MESSAGE_SIZE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 240  # a local Ray plus two replicas on a busy 2-core machine
@@ -33,37 +34,96 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_local_ray(**options) -> None:
+    """A new local Ray (`address="local"`: never another process's cluster) of 2 CPUs unless `options` (`ray.init`'s)
+    say otherwise.
+
+    Ray waits a fixed 30 s for a new raylet to register; the first start on a fresh install, under load, can
+    take longer, so a start that timed out is retried once."""
+    for attempt in range(2):
+        try:
+            ray.init(**{"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False,
+                        **options})
+            return
+        except Exception as err:  # Ray raises a bare Exception for this timeout
+            ray.shutdown()
+            if attempt or "timed out during startup" not in str(err):
+                raise
+
+
+class ServeCluster:
+    """The local Ray with Serve's proxies (HTTP and gRPC, on free loopback ports) that the serve test modules share:
+    started by the first module that asks (`ensure`), its applications deleted when a module is done (`clear`), and
+    stopped before a module starts a Ray of its own (metrics export, killed nodes) or at the end of the session."""
+
+    def __init__(self):
+        self.running = False
+        self.grpc_port = self.http_port = 0
+
+    def ensure(self) -> ServeCluster:
+        if not self.running:
+            self.grpc_port, self.http_port = free_port(), free_port()
+            start_local_ray()
+            serve.start(grpc_options={"port": self.grpc_port, "grpc_servicer_functions": SERVICERS},
+                        http_options={"host": "127.0.0.1", "port": self.http_port})
+            self.running = True
+        return self
+
+    def clear(self) -> None:
+        """Delete every application, so the next module starts on an empty cluster."""
+        if self.running:
+            for name in serve.status().applications:
+                serve.delete(name)
+
+    def stop(self) -> None:
+        if self.running:
+            self.running = False
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+
+
 class GrpcDeployment:
-    """`use(name)` deploys `{**base, **configs[name]}` unless it is deployed already, then waits until `probe`
-    (an Info call on the channel) answers: OK, or UNAUTHENTICATED for the configs named in `keyed`."""
+    """`use(name)` deploys `merged(base, configs[name])` on the shared `ServeCluster` unless it is deployed already,
+    then waits until `probe` (an Info call on the channel) answers: OK, or UNAUTHENTICATED for the configs named in
+    `keyed`."""
 
     def __init__(self, base: dict, configs: dict[str, dict], probe: Callable[[grpc.Channel], object],
                  keyed: frozenset[str] = frozenset()):
         self.base, self.configs, self.probe, self.keyed = base, configs, probe, keyed
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.http_port = free_port()
-        self.channel = grpc.insecure_channel(self.address)
+        self.cluster: ServeCluster | None = None
+        self.channel: grpc.Channel | None = None
         self.current = None
 
-    def start(self, start_local_ray: Callable[[], None]) -> None:
-        start_local_ray()
-        serve.start(grpc_options={"port": self.port, "grpc_servicer_functions": SERVICERS},
-                    http_options={"host": "127.0.0.1", "port": self.http_port})
+    @property
+    def port(self) -> int:
+        return self.cluster.grpc_port
+
+    @property
+    def http_port(self) -> int:
+        return self.cluster.http_port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, cluster: ServeCluster) -> None:
+        self.cluster = cluster.ensure()
+        self.channel = grpc.insecure_channel(self.address)
 
     def use(self, name: str) -> GrpcDeployment:
         if name != self.current:
-            serve.run(build({**self.base, **self.configs[name]}), name="radixserve", route_prefix="/")
+            serve.run(build(merged(self.base, self.configs[name])), name="radixserve", route_prefix="/")
             self._wait_until_answering(name in self.keyed)
             self.current = name
         return self
 
     def stop(self) -> None:
-        self.channel.close()
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if self.channel is not None:
+            self.channel.close()
+        if self.cluster is not None:
+            self.cluster.clear()
 
     def _wait_until_answering(self, keyed: bool, timeout_s: float = 60) -> None:
         """Until the proxy routes to the new ingress."""
@@ -81,11 +141,20 @@ class GrpcDeployment:
             time.sleep(0.5)
 
 
+def merged(args: dict, changes: dict) -> dict:
+    """`args` with `changes` applied section by section (`{"limits": {...}}` changes only the keys it names)."""
+    out = dict(args)
+    for key, value in changes.items():
+        both_sections = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both_sections else value
+    return out
+
+
 def write_config(path: Path, http_port: int, grpc_port: int, **args) -> Path:
-    """serve_config.yaml with the given ports and args changed."""
+    """serve_config.yaml with the given ports and args changed (section by section, `merged`)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"], config["grpc_options"]["port"] = http_port, grpc_port
-    config["applications"][0]["args"].update(args)
+    config["applications"][0]["args"] = merged(config["applications"][0]["args"], args)
     path.write_text(yaml.safe_dump(config))
     return path
 

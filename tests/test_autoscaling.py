@@ -36,14 +36,15 @@ def wait_for(condition, timeout_s: float, what: str) -> float:
 
 
 @pytest.mark.timeout(400)
-def test_the_engine_scales_up_under_load_and_down_after_without_a_failed_request(tiny_model_dir):
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+def test_the_engine_scales_up_under_load_and_down_after_without_a_failed_request(tiny_model_dir, start_local_ray):
+    start_local_ray(num_cpus=4, num_gpus=4)
     try:
         serve.start(proxy_location="Disabled")
         handle = serve.run(build({
-            "model": str(tiny_model_dir("qwen3", "causal_lm")), "accelerator": "gpu", "engine_device": "cpu",
-            "engine_cpus": 0.25, "ingress_cpus": 0.25, "batch_wait_timeout_s": 0.2,
-            "engine_replicas": {"autoscaling": AUTOSCALING}}), name="radixserve", route_prefix=None)
+            "model": str(tiny_model_dir("qwen3", "causal_lm")), "engine": {"device": "cpu"},
+            "batching": {"batch_wait_timeout_s": 0.2},
+            "placement": {"accelerator": "gpu", "engine": {"cpus": 0.25, "autoscaling": AUTOSCALING},
+                          "ingress": {"cpus": 0.25}}}), name="radixserve", route_prefix=None)
         assert ray.available_resources().get("GPU") == 3  # one engine replica holds one GPU
         outcomes: Counter = Counter()
         stop, clients = threading.Event(), []

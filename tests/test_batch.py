@@ -10,11 +10,13 @@ from radix_core.batch import BatchLimits, prepare_batch
 LIMITS = BatchLimits(vocab_size=100, max_seq_len=8, radix_threshold=0.9)
 
 
-def test_auto_runs_full_with_sharing_and_off_without():
+def test_auto_runs_the_mode_its_cost_model_predicts_fastest_and_off_without_sharing():
+    """The limits' default costs (a 0.6B model's FLOP count): full's merge of 2 rows beats mlp's scatter of 13."""
     shared = prepare_batch([[1, 2, 3, 4], [1, 2, 3, 5]], "auto", LIMITS)
     assert shared.mode == "full" and shared.index.compression == pytest.approx(5 / 8)
+    assert shared.cascade is not None
     plain = prepare_batch([[1, 2], [3, 4]], "auto", LIMITS)
-    assert plain.mode == "off" and plain.index is None
+    assert plain.mode == "off" and plain.index is None and plain.cascade is None
 
 
 @pytest.mark.parametrize("mode", ["mlp", "full"])

@@ -13,11 +13,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ray import serve
-
-from serving import SERVICERS, free_port
 
 from deployments.app import build
 from radixserve import cli
@@ -29,14 +26,12 @@ DOCS = ["a radix tree stores strings", "bread rises", "tries share prefixes"]
 
 
 @pytest.fixture(scope="module")
-def address(tiny_model_dir, start_local_ray):
-    port = free_port()
-    start_local_ray()
+def address(tiny_model_dir, serve_cluster):
+    port = serve_cluster.ensure().grpc_port
     try:
-        serve.start(grpc_options={"port": port, "grpc_servicer_functions": SERVICERS},
-                    http_options={"host": "127.0.0.1", "port": free_port()})
-        serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")), "engine_cpus": 0.5,
-                         "ingress_cpus": 0.5}), name="radixserve", route_prefix="/")
+        serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")),
+                         "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.5}}}),
+                  name="radixserve", route_prefix="/")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub, deadline = health_pb2_grpc.HealthStub(channel), time.monotonic() + 90
             while True:
@@ -49,10 +44,7 @@ def address(tiny_model_dir, start_local_ray):
                 time.sleep(0.5)
         yield f"127.0.0.1:{port}"
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        serve_cluster.clear()
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

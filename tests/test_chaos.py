@@ -63,8 +63,9 @@ class Load:
 def deploy(model_dir: str, port: int, **args) -> str:
     serve.start(grpc_options={"port": port, "grpc_servicer_functions": SERVICERS},
                 http_options={"host": "127.0.0.1", "port": free_port()}, proxy_location="HeadOnly")
-    serve.run(build({"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.25, "batch_wait_timeout_s": 0.05,
-                     **args}), name="radixserve", route_prefix="/")
+    serve.run(build({"model": model_dir, "batching": {"batch_wait_timeout_s": 0.05},
+                     "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}}, **args}),
+              name="radixserve", route_prefix="/")
     address = f"127.0.0.1:{port}"
     with ScoringClient(address, timeout_s=60, retries=10, backoff_s=0.5) as client:
         client.rerank("warm up", DOCS)  # until the proxy routes to the application
@@ -90,7 +91,7 @@ def local_app(tiny_model_dir, start_local_ray):
 
 @pytest.mark.timeout(300)
 def test_a_killed_engine_replica_fails_in_flight_requests_fast_and_retries_succeed(local_app):
-    address = local_app(engine_replicas=2)
+    address = local_app(placement={"engine": {"num_replicas": 2, "cpus": 0.5}, "ingress": {"cpus": 0.25}})
     raw = Load(address, retries=0).start()  # no retries: what in-flight requests see
     retried = Load(address, retries=6).start()
     time.sleep(1.0)
@@ -117,15 +118,16 @@ def test_a_killed_ingress_replica_loses_nothing_silently(local_app):
 
 
 @pytest.mark.timeout(400)
-def test_a_lost_worker_node_leaves_no_request_unanswered(tiny_model_dir):
+def test_a_lost_worker_node_leaves_no_request_unanswered(tiny_model_dir, serve_cluster):
     """A head node (the proxy, the ingress) and a worker node holding the engine replicas; the worker is removed
     under load and the engine comes back on the head."""
+    serve_cluster.stop()  # a cluster of two nodes of its own
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     worker = cluster.add_node(num_cpus=2, resources={"worker": 1})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
-        address = deploy(str(tiny_model_dir("qwen3", "causal_lm")), free_port(), engine_replicas=2,
-                         engine_cpus=1.0)
+        address = deploy(str(tiny_model_dir("qwen3", "causal_lm")), free_port(),
+                         placement={"engine": {"num_replicas": 2, "cpus": 1.0}, "ingress": {"cpus": 0.25}})
         load = Load(address, retries=8).start()
         time.sleep(1.0)
         cluster.remove_node(worker, allow_graceful=False)

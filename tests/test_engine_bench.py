@@ -16,18 +16,38 @@ import workloads  # noqa: E402
 
 def test_work_counts_rows_and_pairs_of_each_mode():
     batch = [[1, 2, 3], [1, 2, 4]]  # compact: 1, 2, 3, 4 at positions 0, 1, 2, 2
-    assert eb.work(batch, "off") == (6, 12)
-    assert eb.work(batch, "mlp") == (4, 12)
-    assert eb.work(batch, "full") == (4, 1 + 2 + 3 + 3)
+    assert (eb.work(batch, "off").rows, eb.work(batch, "off").pairs) == (6, 12)
+    assert (eb.work(batch, "mlp").rows, eb.work(batch, "mlp").pairs) == (4, 12)
+    assert (eb.work(batch, "full").rows, eb.work(batch, "full").pairs) == (4, 1 + 2 + 3 + 3)
 
 
 @pytest.mark.parametrize("prefix, suffix, batch", [(0, 5, 3), (7, 4, 5), (16, 1, 2)])
 def test_full_work_on_one_shared_prefix_is_the_prefix_once_plus_suffixes_reading_it(prefix, suffix, batch):
     sequences = workloads.synthetic_prefix(np.random.default_rng(0), prefix=prefix, suffix=suffix, batch=batch)
     assert len({s[prefix] for s in sequences}) == batch  # the suffixes part at their first token (seeded)
-    rows, pairs = eb.work(sequences, "full")
-    assert rows == prefix + batch * suffix
-    assert pairs == prefix * (prefix + 1) // 2 + batch * (suffix * prefix + suffix * (suffix + 1) // 2)
+    full = eb.work(sequences, "full")
+    assert full.rows == prefix + batch * suffix
+    assert full.pairs == prefix * (prefix + 1) // 2 + batch * (suffix * prefix + suffix * (suffix + 1) // 2)
+    assert full.merged == (batch * suffix if prefix else 0)  # each suffix row merges the prefix block
+
+
+def test_auto_section_says_what_auto_picked_and_whether_it_was_the_fastest():
+    from timing import Timing
+
+    from radix_core.mode_cost import ModeCosts
+
+    costs = ModeCosts(rows=1e-3, pairs=1e-6, scattered=1e-5, merged=1e-4, source="calibrated on cpu in 0.50 s")
+    static = ModeCosts(rows=1.0, pairs=0.0, scattered=1.0, merged=1.0, source="static")  # full's work is off's
+    works = {m: eb.work([[1, 2, 3], [1, 2, 4]], m) for m in ("off", "mlp", "full")}
+    times = {"off": Timing(3.0, 2.9, 3.1), "mlp": Timing(2.0, 1.9, 2.6), "full": Timing(2.5, 2.1, 2.7),
+             "auto": Timing(2.4, 2.0, 2.6)}
+    text = eb.auto_section(costs, static, [eb.ShapeRun("a", times, "full", works),
+                                           eb.ShapeRun("b", times, "mlp", works)])
+    assert "Picked the fastest on 1 of 2 shapes" in text and "calibrated on cpu in 0.50 s" in text
+    assert "| a | 0.006 / 0.004 / 0.004 | 2.900 / 1.900 / 2.100 | full ² | mlp | 1.11 | off |" in text
+    assert "| b | 0.006 / 0.004 / 0.004 | 2.900 / 1.900 / 2.100 | mlp | mlp | 1.00 | off |" in text
+    assert "² a: full 2.500 (2.100-2.700) against mlp 2.000 (1.900-2.600) (1.11x the least time; also by median)." \
+        in text
 
 
 def test_marginal_costs_between_consecutive_counts():

@@ -15,7 +15,8 @@ from radix_core.tokens import TokenSequences
 
 def rerank_job(shared: list[int], suffixes: list[list[int]]) -> RerankJob:
     sequences = TokenSequences.from_lists([shared + suffix for suffix in suffixes])
-    return RerankJob(sequences, len(shared), answer_ids=None, raw_scores=False, top_n=None, documents=None)
+    return RerankJob(sequences, len(shared), answer_ids=None, raw_scores=False, top_n=None, documents=None,
+                     chunks=None, pool="max")
 
 
 def test_a_request_is_priced_with_its_shared_prefix_once_per_part():

@@ -157,9 +157,9 @@ class FaultyIngress:
     ValueError (as numpy's): each call is validated as the ingress validates it, then fails on the server side."""
 
     def __init__(self, model: str):
-        self.args = AppArgs(model=model, max_items_per_request=4)
+        self.args = AppArgs(model=model, tasks={"max_items": 4})
         self.api_keys = load_api_keys(None, None)
-        self.context = load_task_context(model, self.args.task_config())
+        self.context = load_task_context(model, self.args.tasks)
         self.card = model_card(model, None, None, self.context)
         self.metrics = RecordingMetrics()
 

@@ -26,6 +26,7 @@ import torch
 from deployments.config import AppArgs
 from radix_core.attention import AttentionBackend, TorchAttention, TritonAttention
 from radix_core.engine import WARM_UP_LONG, Engine
+from radix_core.engine_config import EngineConfig
 from radix_core.tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,8 @@ class FailingFlash(AttentionBackend):
 @pytest.mark.parametrize("radix, calls", [("auto", CALLS), ("full", CALLS), ("off", ("causal",)),
                                           ("mlp", ("causal",))])
 def test_warm_up_runs_every_variant_of_each_call_the_engine_makes(tiny_model_dir, radix, calls):
-    engine = Engine.from_pretrained(str(tiny_model_dir("qwen3", "base")), device="cpu", radix=radix)
+    engine = Engine.from_pretrained(str(tiny_model_dir("qwen3", "base")), device="cpu", radix=radix,
+                                    prefix_cache_bytes=0)  # its hits make prefix calls in every mode
     engine.backend = backend = CountingBackend()
     assert engine.warm_up() < 30
     assert set(backend.variants) == {variant for variant in VARIANTS if variant[0] in calls}
@@ -76,8 +78,8 @@ def test_replica_warms_up_before_it_reports_ready(tiny_model_dir, monkeypatch):
     backend = CountingBackend()
     monkeypatch.setattr("radix_core.engine.make_backend", lambda name, device, dtype: backend)
     monkeypatch.setattr(engine_replica, "cpu_threads", torch.get_num_threads)  # no Ray worker here
-    args = AppArgs(model=str(tiny_model_dir("qwen3", "base")), index_builder="inline")
-    replica = engine_replica.EngineReplica.func_or_class(args, "cpu")
+    args = AppArgs(model=str(tiny_model_dir("qwen3", "base")), batching={"index_builder": "inline"})
+    replica = engine_replica.EngineReplica.func_or_class(args, EngineConfig(device="cpu"))
     assert replica.engine.backend is backend and set(backend.variants) == VARIANTS
 
 
@@ -88,7 +90,9 @@ def test_engine_replicas_get_a_health_timeout_that_outlasts_a_compile():
 
     from deployments.engine_replica import EngineReplica
 
-    deployment = EngineReplica.options(**AppArgs().engine_options(cluster_gpus=1, node_cpus=8))
+    from deployments.placement import ClusterShape, engine_options
+
+    deployment = EngineReplica.options(**engine_options(AppArgs(model="m"), ClusterShape(gpus=1, node_cpus=8)))
     assert deployment._deployment_config.health_check_timeout_s == 60 > DEFAULT_HEALTH_CHECK_TIMEOUT_S
 
 

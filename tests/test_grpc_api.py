@@ -41,15 +41,19 @@ class Deployment(GrpcDeployment):
 
     def __init__(self, model_dir: str, keys_file: Path):
         super().__init__(
-            base={"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
-                  "max_request_bytes": MAX_REQUEST_BYTES},
+            base={"model": model_dir, "tasks": {"max_items": MAX_ITEMS},
+                  "limits": {"max_request_bytes": MAX_REQUEST_BYTES},
+                  "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.5}}},
             configs={"open": {},
-                     "keyed": {"api_keys_file": str(keys_file), "max_ongoing_requests": 1, "max_queued_requests": 1,
-                               "batch_wait_timeout_s": 1.0},
-                     "shedding": {"max_queued_tokens": 400, "max_batch_tokens": 300, "max_request_tokens": 300,
-                                  "batch_wait_timeout_s": 0.5}},
+                     "keyed": {"auth": {"api_keys_file": str(keys_file)}, "batching": {"batch_wait_timeout_s": 1.0},
+                               "placement": {"engine": {"max_ongoing_requests": 1, "max_queued_requests": 1}}},
+                     "shedding": {"batching": {"max_queued_tokens": 400, "max_batch_tokens": 300,
+                                               "batch_wait_timeout_s": 0.5}, "limits": {"max_request_tokens": 300}}},
             probe=lambda channel: ScoringStub(channel).Info(pb.InfoRequest(), timeout=10), keyed=frozenset({"keyed"}))
-        self.stub = ScoringStub(self.channel)
+
+    @property
+    def stub(self) -> ScoringStub:
+        return ScoringStub(self.channel)
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +62,12 @@ def model_dir(tiny_model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployment(model_dir, tmp_path_factory, start_local_ray):
+def deployment(model_dir, tmp_path_factory, serve_cluster):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text("# test keys\n" + "\n".join(KEYS) + "\n")
     served = Deployment(model_dir, keys_file)
     try:
-        served.start(start_local_ray)
+        served.start(serve_cluster)
         yield served
     finally:
         served.stop()
@@ -183,7 +187,7 @@ def test_cli_prints_json_and_server_errors(open_app, engine, capsys):
     best = engine.rerank(QUERY, DOCS[:2], top_n=1).results[0]
     assert set(printed) == {"results", "usage"} and set(printed["results"][0]) == {"index", "score"}
     assert printed["results"][0]["index"] == best.index
-    assert set(printed["usage"]) == {"input_tokens", "computed_tokens"}
+    assert set(printed["usage"]) == {"input_tokens", "computed_tokens", "cached_tokens"}
 
     assert cli.main(["embed", *address, "--text", "a", "--text", "b", "--dimensions", "8"]) == 0
     assert np.array([e["values"] for e in json.loads(capsys.readouterr().out)["embeddings"]]).shape == (2, 8)

@@ -1,6 +1,6 @@
 """Hostile connections against the served application on a local Ray (Ray Serve's HTTP and gRPC proxies, one
-keyed ingress replica with the default `ingress_max_ongoing_requests` of 1,024): a flood of peers without a key that
-send headers and then nothing (HTTP bodies, tei.v1 client streams) is refused from the headers at once, so an
+keyed ingress replica with the default `placement.ingress.max_ongoing_requests` of 1,024): a flood of peers without a
+key that send headers and then nothing (HTTP bodies, tei.v1 client streams) is refused from the headers at once, so an
 authenticated call still answers; a client stream over the item limit is refused whole through the proxy; input
 that never comes is dropped after the server's bound. And the engine replica's IndexBuilder: its health ping is
 answered while a build runs, and a build on a builder the health probe already replaced keeps the replacement.
@@ -39,21 +39,22 @@ class Deployment(GrpcDeployment):
 
     def __init__(self, model_dir: str, keys_file: Path):
         super().__init__(
-            base={"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
-                  "client_input_timeout_s": INPUT_TIMEOUT_S},
-            configs={"keyed": {"api_keys_file": str(keys_file)}},
+            base={"model": model_dir, "tasks": {"max_items": MAX_ITEMS},
+                  "limits": {"client_input_timeout_s": INPUT_TIMEOUT_S},
+                  "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.5}}},
+            configs={"keyed": {"auth": {"api_keys_file": str(keys_file)}}},
             probe=lambda channel: tei_pb2_grpc.InfoStub(channel).Info(tei.InfoRequest(), timeout=10),
             keyed=frozenset({"keyed"}))
         self.http_url = f"http://127.0.0.1:{self.http_port}"
 
 
 @pytest.fixture(scope="module")
-def deployment(tiny_model_dir, tmp_path_factory, start_local_ray):
+def deployment(tiny_model_dir, tmp_path_factory, serve_cluster):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(KEY + "\n")
     served = Deployment(str(tiny_model_dir("qwen3", "causal_lm")), keys_file)
     try:
-        served.start(start_local_ray)
+        served.start(serve_cluster)
         yield served.use("keyed")
     finally:
         served.stop()
@@ -156,7 +157,7 @@ def test_a_client_stream_is_answered_whole_or_refused_whole(deployment):
             stub.RerankStream(iter(messages(count)), metadata=AUTH, timeout=60)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert caught.value.details().startswith(f"the stream has more than {MAX_ITEMS} messages, the limit of one "
-                                                 "call (max_items_per_request)")
+                                                 "call (tasks.max_items)")
 
 
 @pytest.mark.serve
@@ -274,12 +275,12 @@ def test_a_failed_build_keeps_the_builder_the_health_probe_started(monkeypatch):
     monkeypatch.setattr("deployments.engine_replica.ray.kill", lambda actor, no_restart: killed.append(actor.name))
 
     async def main():
-        build = asyncio.create_task(replica._build(["job"]))
+        build = asyncio.create_task(replica._build([("job", None)]))  # (job, prefix cache scope)
         await asyncio.sleep(0.01)  # the build waits on A
         first.dead = True
         await replica.check_health()  # A does not answer: replaced by B
         first.fail.set()  # and the build on A fails
         return await asyncio.wait_for(build, 5)
 
-    assert asyncio.run(main()) == (["job"], "built on B")
+    assert asyncio.run(main()) == ([("job", None)], "built on B")
     assert (killed, replica.builder.name, replica.metrics.restarts) == (["A"], "B", ["health"])

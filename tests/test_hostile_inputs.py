@@ -151,12 +151,12 @@ class LocalIngress:
     place of the engine deployment: each call is encoded, run as a batch of its own and merged."""
 
     def __init__(self, model: str):
-        self.args = AppArgs(model=model, max_items_per_request=MAX_ITEMS)
+        self.args = AppArgs(model=model, tasks={"max_items": MAX_ITEMS})
         self.api_keys = load_api_keys(None, None)
-        self.context = load_task_context(model, self.args.task_config())
+        self.context = load_task_context(model, self.args.tasks)
         self.card = model_card(model, None, None, self.context)
         self.metrics = IngressMetrics()
-        self.engine = Engine.from_pretrained(model, device="cpu", tasks=self.args.task_config())
+        self.engine = Engine.from_pretrained(model, device="cpu", tasks=self.args.tasks)
 
     async def answer(self, request: TaskRequest, priority: Priority) -> Any:
         def run():  # one request alone: its priority class orders nothing

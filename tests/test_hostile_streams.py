@@ -134,10 +134,11 @@ class Replica(Ingress.func_or_class):
 
 
 def replica(answers: Answers, **settings) -> Ingress:
-    """An ingress replica without its model (the task calls are `answers`), keyed with KEY, with AppArgs
-    `settings`."""
+    """An ingress replica without its model (the task calls are `answers`), keyed with KEY, with the request
+    limits `settings`."""
     ingress = object.__new__(Replica)
-    ingress.args = AppArgs(max_items_per_request=MAX_ITEMS, max_request_bytes=MAX_REQUEST_BYTES, **settings)
+    ingress.args = AppArgs(model="no-model", tasks={"max_items": MAX_ITEMS},
+                           limits={"max_request_bytes": MAX_REQUEST_BYTES, **settings})
     ingress.api_keys = ApiKeys([KEY])
     ingress.metrics = IngressMetrics()
     ingress.answer = answers
@@ -179,7 +180,7 @@ def test_a_stream_without_a_key_is_refused_before_a_message_is_read(method):
 @pytest.mark.parametrize("queries, count", [(["q1", "q2"], 116), (["q1", "q2", "q3"], 2048), (["q"], 1100),
                                             (["q1", "q2"], MAX_ITEMS + 1)])
 def test_a_client_stream_over_the_item_limit_is_refused_whole(queries, count):
-    """However its messages split by query, a stream over max_items_per_request answers no message at all (each
+    """However its messages split by query, a stream over tasks.max_items answers no message at all (each
     query's messages were within the task's limit, and the rest of the stream was dropped)."""
     answers = Answers()
     ingress, context = replica(answers), grpc_context()
@@ -187,7 +188,7 @@ def test_a_client_stream_over_the_item_limit_is_refused_whole(queries, count):
     run(ingress.RerankStream(stream, context))
     assert context.code() == grpc.StatusCode.INVALID_ARGUMENT, context.details()
     assert context.details() == (f"the stream has more than {MAX_ITEMS} messages, the limit of one call "
-                                 f"(max_items_per_request): send at most {MAX_ITEMS} messages per stream")
+                                 f"(tasks.max_items): send at most {MAX_ITEMS} messages per stream")
     assert answers.calls == [] and stream.read == MAX_ITEMS + 1  # read no further than the refusal needs
 
 
@@ -266,7 +267,8 @@ class Scorer:
     """What `build_app` and the refusals tested here use of the ingress: limits, keys, metrics."""
 
     def __init__(self, **settings):
-        self.args = AppArgs(max_items_per_request=MAX_ITEMS, max_request_bytes=MAX_REQUEST_BYTES, **settings)
+        self.args = AppArgs(model="no-model", tasks={"max_items": MAX_ITEMS},
+                            limits={"max_request_bytes": MAX_REQUEST_BYTES, **settings})
         self.api_keys = ApiKeys([KEY])
         self.metrics = IngressMetrics()
 

@@ -39,8 +39,8 @@ def server(tiny_model_dir):
 
 def _launched(model: Path, workdir: Path):
     http_port, grpc_port = free_port(), free_port()
-    config = write_config(workdir / "c.yaml", http_port, grpc_port, api_keys_env="SUITE_KEYS",
-                          max_items_per_request=MAX_ITEMS, client_input_timeout_s=5.0)
+    config = write_config(workdir / "c.yaml", http_port, grpc_port, auth={"api_keys_env": "SUITE_KEYS"},
+                          tasks={"max_items": MAX_ITEMS}, limits={"client_input_timeout_s": 5.0})
     launched = Launched(config, model, workdir, env={"SUITE_KEYS": KEY})
     try:
         with ScoringClient(f"127.0.0.1:{grpc_port}", api_key=KEY, timeout_s=60, retries=0) as client:

@@ -21,10 +21,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import ray
 from ray import serve
-
-from serving import free_port
 
 from deployments.app import build
 from deployments.http.service import COMPUTED_TOKENS_HEADER, INPUT_TOKENS_HEADER
@@ -49,19 +46,28 @@ class Served:
     `classifier_url` the sequence-classification model's."""
 
     def __init__(self, model_dir: str, classifier_dir: str, keys_file: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.embedder_url = f"{self.url}/embedder"
-        self.classifier_url = f"{self.url}/classifier"
-        base = {"model": model_dir, "engine_cpus": 0.3, "ingress_cpus": 0.3, "max_items_per_request": MAX_ITEMS,
-                "max_request_bytes": MAX_REQUEST_BYTES}
-        self.apps = {"reranker": ("/", {**base, "api_keys_file": keys_file, "served_model_name": NAME}),
+        self.cluster = None
+        base = {"model": model_dir, "tasks": {"max_items": MAX_ITEMS},
+                "limits": {"max_request_bytes": MAX_REQUEST_BYTES},
+                "placement": {"engine": {"cpus": 0.3}, "ingress": {"cpus": 0.3}}}
+        self.apps = {"reranker": ("/", {**base, "auth": {"api_keys_file": keys_file}, "served_model_name": NAME}),
                      "embedder": ("/embedder", {**base, "primary_task": "embed"}),
                      "classifier": ("/classifier", {**base, "model": classifier_dir})}
 
-    def start(self, start_local_ray) -> None:
-        start_local_ray()
-        serve.start(http_options={"host": "127.0.0.1", "port": self.port})
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.cluster.http_port}"
+
+    @property
+    def embedder_url(self) -> str:
+        return f"{self.url}/embedder"
+
+    @property
+    def classifier_url(self) -> str:
+        return f"{self.url}/classifier"
+
+    def start(self, cluster) -> None:
+        self.cluster = cluster.ensure()
         for name, (prefix, args) in self.apps.items():
             serve.run(build(args), name=name, route_prefix=prefix)
         for url in (self.url, self.embedder_url, self.classifier_url):
@@ -82,10 +88,8 @@ class Served:
         raise AssertionError(f"{url}/health did not answer 200 within {timeout_s} s (last: {status})")
 
     def stop(self) -> None:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.clear()
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +103,12 @@ def classifier_dir(tiny_model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(model_dir, classifier_dir, tmp_path_factory, start_local_ray):
+def served(model_dir, classifier_dir, tmp_path_factory, serve_cluster):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(KEY + "\n")
     app = Served(model_dir, classifier_dir, str(keys_file))
     try:
-        app.start(start_local_ray)
+        app.start(serve_cluster)
         yield app
     finally:
         app.stop()
@@ -154,7 +158,7 @@ def test_jina_shape_on_v1_and_usage_headers(served, engine):
     body, local = reply.json(), engine.rerank(QUERY, DOCS, top_n=2)
     assert body["model"] == NAME
     assert body["usage"] == {"total_tokens": local.usage.input_tokens, "prompt_tokens": local.usage.input_tokens,
-                             "computed_tokens": local.usage.computed_tokens}
+                             "computed_tokens": local.usage.computed_tokens, "cached_tokens": local.usage.cached_tokens}
     assert [r["index"] for r in body["results"]] == [h.index for h in local.results]
     assert body["results"][0]["document"] == {"text": DOCS[local.results[0].index]}
     assert reply.headers[COMPUTED_TOKENS_HEADER] == str(local.usage.computed_tokens)

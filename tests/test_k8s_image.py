@@ -182,9 +182,10 @@ def test_dockerfile_copies_what_the_wheel_needs_and_dockerignore_keeps_it():
 
 
 def test_image_grpc_message_limit_agrees_with_serve_config():
-    from radixserve.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
+    from deployments.config import AppArgs
+    from deployments.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
 
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    expected = grpc_message_limit(config["applications"][0]["args"]["max_request_bytes"])
+    expected = grpc_message_limit(AppArgs.model_validate(config["applications"][0]["args"]).limits.max_request_bytes)
     found = re.search(rf"^ENV {GRPC_MESSAGE_SIZE_ENV}=(\d+)$", dockerfile(), re.MULTILINE)
     assert found and int(found.group(1)) == expected, f"the Dockerfile must set ENV {GRPC_MESSAGE_SIZE_ENV}={expected}"

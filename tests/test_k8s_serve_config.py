@@ -1,6 +1,7 @@
 """The RayService's serveConfigV2, offline: Ray's schema accepts it, no key is unknown to that schema (Ray's
 pydantic models ignore unknown keys, so a typo would silently keep a default), the app's own `AppArgs` accepts its
-args, and it is serve_config.yaml's application except for the differences listed in INTENTIONAL_ARG_DIFFERENCES.
+args (with the model k8s/model.env sets), and it is serve_config.yaml's application except for the settings listed
+in INTENTIONAL_ARG_DIFFERENCES (dotted paths into the args' sections).
 Change serve_config.yaml (ports, gRPC servicers, an arg) and these tests fail until k8s/rayservice.yaml follows.
 """
 
@@ -17,20 +18,23 @@ import pytest
 import yaml
 from pydantic import BaseModel
 from ray.serve.schema import ServeDeploySchema
+from test_config import leaves
 
 from deployments.config import MODEL_ENV, AppArgs
-from radixserve.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
+from deployments.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 
-# args that k8s/rayservice.yaml sets differently from serve_config.yaml, on purpose, and why.
+# settings (and everything under them) that k8s/rayservice.yaml sets differently from serve_config.yaml, on
+# purpose, and why.
 INTENTIONAL_ARG_DIFFERENCES = {
     "model": "set once in k8s/model.env (ConfigMap radixserve-model, env RADIXSERVE_MODEL overrides args.model)",
-    "accelerator": "gpu: with auto the app would resolve to cpu while the cluster has not scaled up a GPU node yet",
-    "engine_replicas": "production autoscaling bounds, matched to the GPU worker group",
-    "ingress_replicas": "autoscaled CPU ingress on the GPU workers",
-    "api_keys_file": "client API keys mounted from Secret radixserve-api-keys",
+    "placement.accelerator": "gpu: with auto the app would resolve to cpu while the cluster has not scaled up a GPU "
+                             "node yet",
+    "placement.engine.autoscaling": "production autoscaling bounds, matched to the GPU worker group",
+    "placement.ingress": "autoscaled CPU ingress on the GPU workers",
+    "auth.api_keys_file": "client API keys mounted from Secret radixserve-api-keys",
 }
 # application keys only the Kubernetes config has: per-deployment graceful shutdown, health checks, surge.
 K8S_ONLY_APP_KEYS = {"deployments"}
@@ -51,6 +55,17 @@ def k8s_config() -> dict[str, Any]:
 def k8s_app() -> dict[str, Any]:
     (app,) = k8s_config()["applications"]
     return app
+
+
+def k8s_model() -> str:
+    """The model k8s/model.env gives every Ray pod as RADIXSERVE_MODEL."""
+    env = dict(line.split("=", 1) for line in (K8S / "model.env").read_text().splitlines() if line)
+    return env[MODEL_ENV]
+
+
+def k8s_args() -> AppArgs:
+    """serveConfigV2's args as the app validates them on a pod (the model from k8s/model.env)."""
+    return AppArgs.model_validate({"model": k8s_model(), **k8s_app()["args"]})
 
 
 @pytest.fixture(autouse=True)
@@ -117,11 +132,15 @@ def test_strict_check_finds_a_typo_that_ray_accepts(where):
 
 
 def test_app_args_pass_the_app_validation():
-    args = AppArgs.model_validate(k8s_app()["args"])
-    assert args.accelerator == "gpu" and args.engine_replicas.autoscaling is not None
+    args = k8s_args()
+    assert args.placement.accelerator == "gpu" and args.placement.engine.autoscaling is not None
 
 
 # --- agreement with serve_config.yaml -------------------------------------------------------------------------------
+
+def intentional(path: str) -> bool:
+    return any(path == p or path.startswith(f"{p}.") for p in INTENTIONAL_ARG_DIFFERENCES)
+
 
 def config_drift(local: dict[str, Any], k8s: dict[str, Any]) -> list[str]:
     """Differences between serve_config.yaml and serveConfigV2 other than the intentional ones, one line each."""
@@ -137,8 +156,9 @@ def config_drift(local: dict[str, Any], k8s: dict[str, Any]) -> list[str]:
     for name in sorted(set(local_apps) & set(k8s_apps)):
         la, ka = local_apps[name], k8s_apps[name]
         drift += differ(f"applications[{name}].", la, ka, {"args"} | K8S_ONLY_APP_KEYS)
-        drift += differ(f"applications[{name}].args.", la.get("args", {}), ka.get("args", {}),
-                        set(INTENTIONAL_ARG_DIFFERENCES))
+        local_args, k8s_args_ = leaves(la.get("args", {})), leaves(ka.get("args", {}))
+        drift += differ(f"applications[{name}].args.", local_args, k8s_args_,
+                        {path for path in set(local_args) | set(k8s_args_) if intentional(path)})
     return drift
 
 
@@ -151,12 +171,13 @@ def test_k8s_config_is_serve_config_but_for_the_intentional_differences():
     (lambda c: c["http_options"].update(port=8080), "http_options:"),
     (lambda c: c["applications"][0].update(import_path="deployments.app:build_v2"),
      "applications[radixserve].import_path:"),
-    (lambda c: c["applications"][0]["args"].update(max_batch_tokens=8192),
-     "applications[radixserve].args.max_batch_tokens:"),
-    (lambda c: c["applications"][0]["args"].update(index_builder="inline"),
-     "applications[radixserve].args.index_builder:"),
+    (lambda c: c["applications"][0]["args"]["placement"]["engine"].update(cpus=2),
+     "applications[radixserve].args.placement.engine.cpus:"),
+    (lambda c: c["applications"][0]["args"].update(batching={"index_builder": "inline"}),
+     "applications[radixserve].args.batching.index_builder:"),
     (lambda c: c["applications"][0].update(name="scoring"), "applications:"),
-], ids=["grpc-servicers", "http-port", "import-path", "arg-changed", "arg-added", "app-renamed"])
+], ids=["grpc-servicers", "http-port", "import-path", "arg-beside-an-intentional-one", "section-added",
+        "app-renamed"])
 def test_drift_is_caught(mutate, expected):
     """The checker on its own: a copy of the k8s config agrees with it until one thing in the copy changes."""
     local = copy.deepcopy(k8s_config())
@@ -168,15 +189,15 @@ def test_drift_is_caught(mutate, expected):
 
 def test_intentional_differences_hold_what_they_claim():
     local_args, args = serve_config()["applications"][0]["args"], k8s_app()["args"]
-    env = dict(line.split("=", 1) for line in (K8S / "model.env").read_text().splitlines() if line)
-    assert "model" not in args and env == {MODEL_ENV: local_args["model"]}
-    assert args["accelerator"] == "gpu"
-    assert "autoscaling" in args["engine_replicas"] and "autoscaling" in args["ingress_replicas"]
-    assert "api_keys_env" not in args, "keys come from the Secret mounted at api_keys_file"
+    assert "model" not in args and k8s_model() == local_args["model"]
+    placement = k8s_args().placement
+    assert placement.accelerator == "gpu"
+    assert placement.engine.autoscaling is not None and placement.ingress.autoscaling is not None
+    assert k8s_args().auth.api_keys_env is None, "keys come from the Secret mounted at auth.api_keys_file"
 
 
 def test_api_keys_file_is_mounted_on_every_ray_pod():
-    path = Path(k8s_app()["args"]["api_keys_file"])
+    path = Path(k8s_args().auth.api_keys_file)
     cluster = rayservice()["spec"]["rayClusterConfig"]
     for template in [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]:
         secret_volumes = {v["name"]: v["secret"] for v in template["spec"]["volumes"] if "secret" in v}
@@ -195,7 +216,8 @@ def built_deployments() -> dict[str, Any]:
     from deployments.app import build
 
     app = k8s_app()
-    return {d.name: d for d in build_app(build(app["args"]), name=app["name"]).deployments}
+    args = {"model": k8s_model(), **app["args"]}
+    return {d.name: d for d in build_app(build(args), name=app["name"]).deployments}
 
 
 def test_deployment_overrides_name_deployments_of_the_app(built_deployments):
@@ -214,11 +236,11 @@ def test_each_engine_replica_takes_one_worker_gpu(built_deployments):
 def test_worker_group_fits_engine_autoscaling_with_surge():
     (group,) = rayservice()["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     gpus = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
-    engine = k8s_app()["args"]["engine_replicas"]["autoscaling"]
+    engine = k8s_args().placement.engine.autoscaling
     surge = {d["name"]: d.get("max_surge_percent", 0) for d in k8s_app()["deployments"]}["EngineReplica"]
-    peak = engine["max_replicas"] + math.ceil(engine["max_replicas"] * surge / 100)
+    peak = engine.max_replicas + math.ceil(engine.max_replicas * surge / 100)
     assert group["maxReplicas"] * gpus >= peak, f"{peak} engine replicas at most, {group['maxReplicas'] * gpus} GPUs"
-    assert group["minReplicas"] * gpus <= engine["min_replicas"], "GPUs kept beyond min_replicas would idle"
+    assert group["minReplicas"] * gpus <= engine.min_replicas, "GPUs kept beyond min_replicas would idle"
 
 
 def test_pods_outlive_graceful_shutdown():
@@ -252,9 +274,11 @@ def test_worker_prestop_drains_within_the_grace_period():
 
 
 def test_grpc_message_limit_env_agrees_with_max_request_bytes():
-    """The proxy's limit sits ENVELOPE_BYTES above max_request_bytes, the same on every Ray pod as locally."""
-    expected = str(grpc_message_limit(serve_config()["applications"][0]["args"]["max_request_bytes"]))
-    assert k8s_app()["args"]["max_request_bytes"] == serve_config()["applications"][0]["args"]["max_request_bytes"]
+    """The proxy's limit sits ENVELOPE_BYTES above limits.max_request_bytes, the same on every Ray pod as
+    locally."""
+    local = AppArgs.model_validate(serve_config()["applications"][0]["args"]).limits.max_request_bytes
+    expected = str(grpc_message_limit(local))
+    assert k8s_args().limits.max_request_bytes == local
     cluster = rayservice()["spec"]["rayClusterConfig"]
     for template in [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]:
         for container in template["spec"]["containers"]:

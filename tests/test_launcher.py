@@ -1,6 +1,7 @@
-"""`radixserve serve` (radixserve/launcher.py): what it refuses before Ray starts (taken ports, bad args), the gRPC
-message limit it hands Ray, and on a real local Ray: SIGTERM lets in-flight requests finish, the proxy refuses
-oversized messages, a model that cannot load ends the launcher with status 1 and the load error.
+"""`radixserve serve` (deployments/launcher.py): what it refuses before Ray starts (taken ports, bad args), the
+gRPC message limit it hands Ray, the settings it prints, that the client package reaches it only lazily, and on a
+real local Ray: SIGTERM lets in-flight requests finish, the proxy refuses oversized messages, a model that cannot
+load ends the launcher with status 1 and the load error.
 
 The serve tests run the launcher as a subprocess (its own local Ray under a private RAY_TMPDIR, free ports), so
 they never touch another test's cluster; each bounds its waits.
@@ -19,14 +20,17 @@ import time
 
 import grpc
 import pytest
-
+import yaml
 from serving import ROOT, START_TIMEOUT_S, Launched, free_port, wait_until_serving, write_config
 
-from radixserve import launcher
-from radixserve.launcher import ENVELOPE_BYTES, GRPC_MESSAGE_SIZE_ENV, LaunchError
+from deployments import launcher
+from deployments.config import MODEL_ENV, AppArgs
+from deployments.launcher import ENVELOPE_BYTES, GRPC_MESSAGE_SIZE_ENV, LaunchError
 
 MAX_REQUEST_BYTES = 200_000
 ACCESS_LINE = re.compile(r" -- .*\bOK [0-9.]+ms$", re.MULTILINE)  # Ray's "CALL rerank OK 12.3ms"
+# one engine replica without autoscaling (serve_config.yaml autoscales it), half a CPU for each deployment
+ONE_ENGINE = {"engine": {"num_replicas": 1, "autoscaling": None, "cpus": 0.5}, "ingress": {"cpus": 0.5}}
 
 
 def listen_like_ray(port: int) -> socket.socket:
@@ -69,20 +73,49 @@ def test_cli_exits_2_with_the_message_when_the_port_is_taken(tmp_path):
 
 
 def test_unknown_app_arg_is_refused_by_name(tmp_path):
-    with pytest.raises(LaunchError, match="unknown setting.*'max_batch_tokns' \\(did you mean 'max_batch_tokens'"):
+    with pytest.raises(LaunchError, match="unknown setting.*'max_batch_tokns' \\(did you mean "
+                                          "'batching.max_batch_tokens'"):
         launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, max_batch_tokns=5)))
+    with pytest.raises(LaunchError, match="'max_batch_tokns' \\(did you mean 'max_batch_tokens'\\?\\) for "
+                                          "BatchingConfig"):
+        launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, batching={"max_batch_tokns": 5})))
 
 
 def test_grpc_message_limit_is_max_request_bytes_plus_envelope(tmp_path, monkeypatch):
     monkeypatch.setenv(GRPC_MESSAGE_SIZE_ENV, "")  # so the teardown restores what was there (nothing, usually)
     monkeypatch.delenv(GRPC_MESSAGE_SIZE_ENV)  # and the value set_grpc_message_limit writes does not leak
-    config = launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, max_request_bytes=1000)))
+    config = launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, limits={"max_request_bytes": 1000})))
     launcher.set_grpc_message_limit(config)
     assert os.environ[GRPC_MESSAGE_SIZE_ENV] == str(1000 + ENVELOPE_BYTES)
     monkeypatch.setenv(GRPC_MESSAGE_SIZE_ENV, "4096")
     launcher.set_grpc_message_limit(config)
     assert os.environ[GRPC_MESSAGE_SIZE_ENV] == "4096", "an operator's own setting is kept"
     assert launcher.grpc_message_limit(2**31) == 2**31 - 1, "gRPC's limit is a signed 32-bit int"
+
+
+def test_print_config_shows_every_setting_and_reads_back(tmp_path, monkeypatch):
+    """`radixserve serve --print-config`: the validated args with every default, `RADIXSERVE_MODEL` applied; the
+    printed settings are a config that validates to the same `AppArgs`."""
+    monkeypatch.setenv(MODEL_ENV, "/models/tiny")
+    path = write_config(tmp_path / "c.yaml", 1, 2, batching={"max_queue_wait_s": 2.0},
+                        tasks={"templates": {"embed": {"query": "Instruct: {instruction}\nQuery:{text}"}}})
+    done = subprocess.run([sys.executable, "-m", "radixserve.cli", "serve", str(path), "--print-config"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    printed = yaml.safe_load(done.stdout)["radixserve"]
+    assert printed["model"] == "/models/tiny" and printed["batching"]["max_queue_wait_s"] == 2.0
+    assert printed["engine"]["radix_threshold"] == AppArgs(model="m").engine.radix_threshold  # a default, filled in
+    (app,) = launcher.load_config(str(path))["applications"]
+    assert AppArgs.model_validate(printed) == app["args"]
+
+
+def test_the_client_package_imports_no_server_module():
+    """`radixserve.cli` reaches the launcher through one lazy import (`radixserve serve`), so importing it (and the
+    client) loads nothing of `deployments`: the dependency between the packages runs one way."""
+    code = ("import sys, radixserve.cli, radixserve.client; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deployments'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
 # --- on a local Ray -------------------------------------------------------------------------------------------------
@@ -94,9 +127,9 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(tiny_model_dir, workdir):
 
     grpc_port = free_port()
     # Requests wait up to 2 s for their batch, so they are still in flight when SIGTERM arrives.
-    config = write_config(workdir / "c.yaml", free_port(), grpc_port, batch_wait_timeout_s=2.0, engine_cpus=0.5,
-                          ingress_cpus=0.5, index_builder="inline", max_request_bytes=MAX_REQUEST_BYTES,
-                          engine_replicas={"num_replicas": 1})
+    config = write_config(workdir / "c.yaml", free_port(), grpc_port,
+                          batching={"batch_wait_timeout_s": 2.0, "index_builder": "inline"},
+                          limits={"max_request_bytes": MAX_REQUEST_BYTES}, placement=ONE_ENGINE)
     launched = Launched(config, tiny_model_dir(), workdir)
     try:
         with ScoringClient(f"127.0.0.1:{grpc_port}", timeout_s=60, retries=0) as client:
@@ -192,8 +225,7 @@ def test_model_that_cannot_load_exits_1_with_the_load_error_last(workdir):
     model = workdir / "broken-model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    config = write_config(workdir / "c.yaml", free_port(), free_port(), engine_cpus=0.5, ingress_cpus=0.5,
-                          engine_replicas={"num_replicas": 1})
+    config = write_config(workdir / "c.yaml", free_port(), free_port(), placement=ONE_ENGINE)
     launched = Launched(config, model, workdir)
     try:
         assert launched.wait(START_TIMEOUT_S) == 1, launched.log[-3000:]

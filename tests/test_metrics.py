@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections import defaultdict
 
 import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata
@@ -17,7 +18,8 @@ from ray.serve.request_router import PendingRequest
 from deployments.batcher import BatchStats, TokenBudgetBatcher
 from deployments.engine_request import EngineRequest
 from deployments.hash_ring import HashRing
-from deployments.metrics import IngressMetrics, KeyWindow, count_usage
+from deployments.metrics import EngineMetrics, IngressMetrics, KeyWindow, count_usage
+from radix_core.prefix_cache import PrefixCacheStats
 from deployments.router import PrefixAffinityRouter
 from radix_core.tasks import Usage
 
@@ -131,7 +133,7 @@ def test_request_meter_sums_the_tokens_of_its_task_calls():
     metrics = IngressMetrics()
 
     async def one_call(n):
-        count_usage(Usage(input_tokens=10 * n, computed_tokens=4 * n))
+        count_usage(Usage(input_tokens=10 * n, computed_tokens=4 * n, cached_tokens=5 * n))
 
     async def main():
         with metrics.request("rerank", "tei_grpc", "id-1") as meter:
@@ -141,7 +143,26 @@ def test_request_meter_sums_the_tokens_of_its_task_calls():
         return meter
 
     meter = asyncio.run(main())
-    assert (meter.input_tokens, meter.computed_tokens, meter.code) == (30, 12, "OK")
+    assert (meter.input_tokens, meter.computed_tokens, meter.cached_tokens, meter.code) == (30, 12, 15, "OK")
+
+
+def test_prefix_cache_counters_grow_by_what_changed_between_batches():
+    """The cache's stats are running totals; the exported counters grow by each batch's change (an increment of 0
+    is never sent: Ray refuses it), from zero again after the cache was cleared; the gauges are set."""
+    metrics = EngineMetrics()
+    counted, gauges = defaultdict(list), {}
+    for name in ("cache_hits", "cache_lookups", "cache_evictions"):
+        getattr(metrics, name).inc = lambda value=1.0, tags=None, name=name: counted[name].append(value)  # spies
+    for name in ("cache_bytes", "cache_budget"):
+        getattr(metrics, name).set = lambda value, tags=None, name=name: gauges.__setitem__(name, value)
+    budget = 1 << 20
+    for stats in (PrefixCacheStats(budget),  # the replica's start: gauges only
+                  PrefixCacheStats(budget, bytes=4096, lookup_tokens=100, hit_tokens=0),
+                  PrefixCacheStats(budget, bytes=8192, lookup_tokens=250, hit_tokens=120, evictions=2),
+                  PrefixCacheStats(budget, bytes=0, lookup_tokens=30, hit_tokens=10)):  # after a clear
+        metrics.prefix_cache(stats)
+    assert counted == {"cache_lookups": [100, 150, 30], "cache_hits": [120, 10], "cache_evictions": [2]}
+    assert gauges == {"cache_bytes": 0, "cache_budget": budget}
 
 
 def test_a_cancelled_request_is_recorded_as_cancelled():

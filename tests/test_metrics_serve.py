@@ -3,7 +3,9 @@ loopback port, the application with API keys behind Ray Serve's gRPC proxy, know
 tasks over radixserve.v1 and tei.v1, bad input, a missing key), then the scrape:
 
 * `radixserve_requests_total` by task, api and code equals what was sent, INVALID_ARGUMENT and UNAUTHENTICATED
-  included; the computed- and input-token counters equal the sums of the `usage` the answers carried;
+  included; the computed-, input- and cached-token counters equal the sums of the `usage` the answers carried;
+* the prefix cache (a budget of 256 tiny rows, so that this traffic evicts): the replicas' hit tokens are at least
+  what the answers read from it, within the tokens looked up; evictions, bytes held within the budget, the budget;
 * the compression histogram, the batch counter and each stage histogram have one observation per batch the
   engine replicas ran (their own count, from `info`);
 * requests split into parts of one prefix key over two engine replicas with `load_factor: 1` spill, and killed
@@ -41,6 +43,7 @@ from radixserve.v1.scoring_pb2_grpc import ScoringStub
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "k8s" / "monitoring" / "radixserve-dashboard.json"
 KEY = "metrics-key"
+CACHE_BYTES = 256 * 1280  # 256 rows of the tiny preset's K/V and states (1,280 bytes each)
 AUTH = [("authorization", f"Bearer {KEY}")]
 TRACE_ID = "trace-metrics-7"
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(5)]
@@ -58,9 +61,10 @@ def served(tiny_model_dir, tmp_path_factory, start_local_ray_with_metrics):
     try:
         serve.start(grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS},
                     http_options={"host": "127.0.0.1", "port": http_port})
-        serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")), "engine_replicas": 2, "engine_cpus": 0.5,
-                         "ingress_cpus": 0.5, "api_keys_file": str(keys_file), "router": {"load_factor": 1.0},
-                         "max_request_tokens": 150}),
+        serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")), "auth": {"api_keys_file": str(keys_file)},
+                         "router": {"load_factor": 1.0}, "limits": {"max_request_tokens": 150},
+                         "engine": {"prefix_cache_bytes": CACHE_BYTES},
+                         "placement": {"engine": {"num_replicas": 2, "cpus": 0.5}, "ingress": {"cpus": 0.5}}}),
                   name="radixserve", route_prefix="/", logging_config={"log_level": "DEBUG"})
         wait_serving(channel)
         logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
@@ -124,6 +128,11 @@ def total(families: dict[str, list], sample_name: str, **labels: str) -> float:
                if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
+def gauge(families: dict[str, list], name: str) -> float:
+    """Sum of a gauge's samples (one per replica); `total` would count a gauge's family twice, as its name is both."""
+    return sum(s.value for s in families.get(name, []))
+
+
 def by_labels(families: dict[str, list], sample_name: str, keys: tuple[str, ...]) -> Counter:
     family = re.sub(r"_total$", "", sample_name)
     counts = Counter()
@@ -178,7 +187,7 @@ def test_exported_metrics_match_the_traffic(served):
         task = "rerank" if "Rerank" in type(request).__name__ else "embed"
         sent[(task, api, code)] += 1
         if code == "OK" and api == "grpc":
-            usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
+            usages.append((reply.usage.input_tokens, reply.usage.computed_tokens, reply.usage.cached_tokens))
     assert {key[2] for key in sent} == {"OK", "INVALID_ARGUMENT", "UNAUTHENTICATED"}, sent
 
     http_usages = []
@@ -189,17 +198,20 @@ def test_exported_metrics_match_the_traffic(served):
         sent[(*label, {200: "OK", 401: "UNAUTHENTICATED"}[status])] += 1
         if status == 200:
             http_usages.append((int(headers["x-radixserve-input-tokens"]),
-                                int(headers["x-radixserve-computed-tokens"])))
+                                int(headers["x-radixserve-computed-tokens"]),
+                                int(headers["x-radixserve-cached-tokens"])))
     assert len(http_usages) == 2
 
     code, reply, state = send(scoring.Rerank, pb.RerankRequest(query="traced", documents=DOCS[:2]),
                               AUTH + [("x-request-id", TRACE_ID)])
     assert code == "OK" and ("x-request-id", TRACE_ID) in tuple(state.trailing_metadata())
     sent[("rerank", "grpc", "OK")] += 1
-    usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
+    usages.append((reply.usage.input_tokens, reply.usage.computed_tokens, reply.usage.cached_tokens))
 
-    burst = [scoring.Rerank.future(pb.RerankRequest(query="one shared query", documents=DOCS), timeout=60,
-                                   metadata=AUTH) for _ in range(8)]  # one key: more than its fair share spills
+    # one key, more than its fair share: it spills. Each request's parts cost the key's owner its documents' rows
+    # only (the owner has the query cached), so the burst is long enough to keep several outstanding there.
+    burst = [scoring.Rerank.future(pb.RerankRequest(query="one shared query", documents=DOCS * 8), timeout=60,
+                                   metadata=AUTH) for _ in range(16)]
     for _ in range(2):  # IndexBuilders killed: the next batch on each replica starts a new one
         for name, namespace in index_builders():
             ray.kill(ray.get_actor(name, namespace=namespace))
@@ -208,7 +220,7 @@ def test_exported_metrics_match_the_traffic(served):
     for future in burst:
         reply = future.result()
         sent[("rerank", "grpc", "OK")] += 1
-        usages.append((reply.usage.input_tokens, reply.usage.computed_tokens))
+        usages.append((reply.usage.input_tokens, reply.usage.computed_tokens, reply.usage.cached_tokens))
 
     batches = engine_batches()
     deadline = time.monotonic() + 60
@@ -222,7 +234,15 @@ def test_exported_metrics_match_the_traffic(served):
     assert counted == sent
     assert total(families, "ray_radixserve_request_input_tokens_total", api="grpc") == sum(u[0] for u in usages)
     assert total(families, "ray_radixserve_request_computed_tokens_total", api="grpc") == sum(u[1] for u in usages)
+    assert total(families, "ray_radixserve_request_cached_tokens_total", api="grpc") == sum(u[2] for u in usages)
     assert sum(u[1] for u in usages) < sum(u[0] for u in usages)  # shared prefixes computed once
+    read = sum(u[2] for u in usages + http_usages)
+    assert read > 0  # the burst of one query read its prefix from the cache
+    hits, lookups = (total(families, f"ray_radixserve_prefix_cache_{name}_tokens_total") for name in ("hit", "lookup"))
+    assert read <= hits < lookups  # hits also count what tei.v1 answers read, whose replies carry no usage
+    assert total(families, "ray_radixserve_prefix_cache_evictions_total") >= 1
+    assert 0 < gauge(families, "ray_radixserve_prefix_cache_bytes") <= 2 * CACHE_BYTES
+    assert gauge(families, "ray_radixserve_prefix_cache_budget_bytes") == 2 * CACHE_BYTES
     for api, (used,) in (("http_cohere", http_usages[:1]), ("http_tei", http_usages[1:])):
         assert total(families, "ray_radixserve_request_input_tokens_total", api=api) == used[0], api
         assert total(families, "ray_radixserve_request_computed_tokens_total", api=api) == used[1], api

@@ -157,8 +157,8 @@ def test_the_application_setting_reaches_the_encoding(tiny_model_dir):
     model = str(tiny_model_dir("qwen3", "causal_lm"))
     ids = {}
     for opt_out in (False, True):
-        args = AppArgs(model=model, special_tokens_in_user_text=opt_out)
-        context = load_task_context(model, args.task_config())
+        args = AppArgs(model=model, tasks={"special_tokens_in_user_text": opt_out})
+        context = load_task_context(model, args.tasks)
         ids[opt_out] = TASKS["rerank"].encode(context, attack).sequences.ids.tolist()
     im_end = context.prompt_tokenizer().token_id("<|im_end|>")
     assert ids[True].count(im_end) == ids[False].count(im_end) + 1  # the document's literal became a control token

@@ -22,7 +22,7 @@ from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
-MAX_ITEMS = 1024  # the default max_items_per_request
+MAX_ITEMS = 1024  # the default tasks.max_items
 SMALL = pb.RerankRequest(query="what is a radix tree", documents=["A trie is a prefix tree.", "Bread rises."])
 
 
@@ -34,14 +34,14 @@ def documents(n: int, seed: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def app(tiny_model_dir, start_local_ray):
+def app(tiny_model_dir, serve_cluster):
     """The default configuration with the `small` preset: heavy enough that a 1000-document rerank takes seconds
     on the device, so what an abandoned one leaves behind can be seen."""
     model = str(tiny_model_dir("qwen3", "causal_lm", "small"))
     served = GrpcDeployment(base={"model": model}, configs={"default": {}},
                             probe=lambda channel: ScoringStub(channel).Info(pb.InfoRequest(), timeout=10))
     try:
-        served.start(start_local_ray)
+        served.start(serve_cluster)
         yield served.use("default")
     finally:
         served.stop()

@@ -39,10 +39,11 @@ def make_router(replicas, **kwargs) -> PrefixAffinityRouter:
     return router
 
 
-def pending(key=None, cost=None, request_id="r") -> PendingRequest:
-    """A routed call carrying an `EngineRequest` with `key` and `cost` (1 when None); with neither, a call that
-    carries none."""
-    args = ["payload"] if key is None and cost is None else [EngineRequest((), key, 1 if cost is None else cost)]
+def pending(key=None, cost=None, request_id="r", prefix_cost=0) -> PendingRequest:
+    """A routed call carrying an `EngineRequest` with `key`, `cost` (1 when None) and `prefix_cost`; with neither
+    key nor cost, a call that carries none."""
+    args = ["payload"] if key is None and cost is None else [
+        EngineRequest((), key, 1 if cost is None else cost, prefix_cost=prefix_cost)]
     return PendingRequest(args=args, kwargs={},
                           metadata=RequestMetadata(request_id=request_id, internal_request_id=request_id))
 
@@ -80,6 +81,34 @@ def test_min_load_tokens_keeps_a_burst_together():
         for i in range(10):
             router.on_request_routed(pending("k", 100, f"q{i}"), ReplicaID(owner, DEPLOYMENT), None)
         assert (await ranked_ids(router, pending("k", 100)))[0] == owner
+
+    asyncio.run(main())
+
+
+def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
+    """A few-shot request of 1,200 rows of which 1,000 are its prompt: 200 on the key's owner (its prefix cache holds
+    the prompt), 1,200 anywhere else. Counted whole on the owner, 4 such requests there would spill the fifth to a
+    replica that computes the prompt again; counted as the device computes them, they stay. Without a prefix cache
+    the owner computes the prompt again, and every request counts whole."""
+    async def main():
+        plain = make_router([FakeReplica("rep0"), FakeReplica("rep1")])
+        owner = (await ranked_ids(plain, pending("few-shot", 1200, prefix_cost=1000)))[0]
+        for i in range(4):
+            plain.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT), None)
+        assert plain.loads == {owner: 4800.0}
+        assert (await ranked_ids(plain, pending("few-shot", 1200, "q4", 1000)))[0] != owner  # it would spill
+
+        router = make_router([FakeReplica("rep0"), FakeReplica("rep1")], prefix_cache=True)
+        other = ({"rep0", "rep1"} - {owner}).pop()
+        for i in range(4):
+            router.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT), None)
+        router.on_request_routed(pending(None, 1200, "keyless"), ReplicaID(other, DEPLOYMENT), None)
+        assert router.loads == {owner: 800.0, other: 1200.0}
+        assert (await ranked_ids(router, pending("few-shot", 1200, "q4", 1000)))[0] == owner
+        router.on_request_routed(pending("few-shot", 1200, "spilled", 1000), ReplicaID(other, DEPLOYMENT), None)
+        assert router.loads[other] == 2400.0  # elsewhere the prompt is computed again: counted whole
+        router.on_request_completed(ReplicaID(owner, DEPLOYMENT), "q0")
+        assert router.loads[owner] == 600.0
 
     asyncio.run(main())
 
@@ -173,16 +202,12 @@ def replicas_per_key(handle) -> dict[str, Counter]:
 
 
 @pytest.fixture
-def local_serve(start_local_ray):
-    start_local_ray()
+def local_serve(serve_cluster):
+    serve_cluster.ensure()
     try:
-        serve.start(proxy_location="Disabled")
         yield
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        serve_cluster.clear()
 
 
 def scale_engine(num_replicas: int) -> None:

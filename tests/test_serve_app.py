@@ -16,6 +16,11 @@ from radix_core.tasks import TASKS
 
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * (i % 5)}" for i in range(12)]
 QUERY = "what is a radix tree"
+# A custom rerank template set as serve_config.yaml would set it (tasks.templates): the served answers equal the
+# library's with the same template only when it reaches the ingress's encoding and the engine.
+TASK_CONFIG = {"templates": {"rerank": {
+    "prefix": "<|im_start|>system\nJudge whether the Document answers the Query.<|im_end|>\n<|im_start|>user\n",
+    "body": "<Query>: {query}\n<Document>: {document}", "suffix": "<|im_end|>\n<|im_start|>assistant\n"}}}
 
 
 @pytest.fixture(scope="module")
@@ -24,25 +29,22 @@ def model_dir(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def app(model_dir, start_local_ray):
-    """Two engine replicas and the ingress on a 2-CPU local Ray; small sub-requests force splitting."""
-    start_local_ray()
+def app(model_dir, serve_cluster):
+    """Two engine replicas and the ingress on the shared 2-CPU local Ray; small sub-requests force splitting."""
+    serve_cluster.ensure()
     try:
-        serve.start(proxy_location="Disabled")
-        handle = serve.run(build({"model": model_dir, "engine_replicas": 2, "engine_cpus": 0.5, "ingress_cpus": 0.5,
-                                  "max_request_tokens": 120, "max_batch_tokens": 4096}),
+        handle = serve.run(build({"model": model_dir, "tasks": TASK_CONFIG, "limits": {"max_request_tokens": 120},
+                                  "batching": {"max_batch_tokens": 4096},
+                                  "placement": {"engine": {"num_replicas": 2, "cpus": 0.5}, "ingress": {"cpus": 0.5}}}),
                            name="radixserve", route_prefix=None)
         yield handle
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        serve_cluster.clear()
 
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    return Engine.from_pretrained(model_dir, device="cpu")
+    return Engine.from_pretrained(model_dir, device="cpu", tasks=TASK_CONFIG)
 
 
 def call(handle, task: str, request: dict):

@@ -31,7 +31,8 @@ def engine(tiny_model_dir):
     def get(radix: str = "full") -> Engine:
         if radix not in cache:
             cache[radix] = Engine.from_pretrained(str(tiny_model_dir("qwen3", "causal_lm")), device="cpu",
-                                                  radix=radix, tasks={"max_items": 4})
+                                                  radix=radix, tasks={"max_items": 4},
+                                                  prefix_cache_bytes=0)  # usage: sharing within one batch only
         return cache[radix]
 
     return get

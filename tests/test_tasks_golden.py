@@ -185,6 +185,8 @@ def test_every_mode_gives_the_same_scores(engine):
 def test_usage_counts_shared_prefixes_once(engine):
     """The query and template are shared by all documents: computed rows = the shared prefix once + the rest."""
     causal = engine("qwen3", "causal_lm")
+    causal.prefix_cache.clear()  # usage here counts what one request shares: a cold prefix cache
+    engine("qwen3", "causal_lm", "off").prefix_cache.clear()
     prompts = causal.prompts
     batch_ids = [prompts.encode(rerank_prompt(d)) for d in DOCS]
     got = causal.rerank(QUERY, DOCS).usage

@@ -59,9 +59,11 @@ class Deployment(GrpcDeployment):
 
     def __init__(self, model_dir: str, classifier_dir: str, keys_file: Path):
         super().__init__(
-            base={"model": model_dir, "engine_cpus": 0.5, "ingress_cpus": 0.5, "max_items_per_request": MAX_ITEMS,
-                  "max_request_bytes": MAX_REQUEST_BYTES},
-            configs={"rerank": {}, "embed": {"primary_task": "embed"}, "keyed": {"api_keys_file": str(keys_file)},
+            base={"model": model_dir, "tasks": {"max_items": MAX_ITEMS},
+                  "limits": {"max_request_bytes": MAX_REQUEST_BYTES},
+                  "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.5}}},
+            configs={"rerank": {}, "embed": {"primary_task": "embed"},
+                     "keyed": {"auth": {"api_keys_file": str(keys_file)}},
                      "classifier": {"model": classifier_dir}},
             probe=lambda channel: tei_pb2_grpc.InfoStub(channel).Info(tei.InfoRequest(), timeout=10),
             keyed=frozenset({"keyed"}))
@@ -88,12 +90,12 @@ def classifier_dir(tiny_model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployment(model_dir, classifier_dir, tmp_path_factory, start_local_ray):
+def deployment(model_dir, classifier_dir, tmp_path_factory, serve_cluster):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(KEY + "\n")
     served = Deployment(model_dir, classifier_dir, keys_file)
     try:
-        served.start(start_local_ray)
+        served.start(serve_cluster)
         yield served
     finally:
         served.stop()

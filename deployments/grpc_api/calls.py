@@ -86,7 +86,7 @@ def refusal(server: Server, request: Message | None,
         return grpc.StatusCode.UNAUTHENTICATED, unauthenticated
     if request is None:
         return None, None
-    size, limit = request.ByteSize(), server.args.max_request_bytes
+    size, limit = request.ByteSize(), server.args.limits.max_request_bytes
     if size > limit:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, (f"request message is {size} bytes, over the limit of {limit} "
                                                     "bytes (max_request_bytes): split it into smaller requests")

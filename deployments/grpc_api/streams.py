@@ -1,9 +1,10 @@
 """Streams of request messages, read within the server's bounds: a client stream read whole (`read_whole`), a
 bidirectional stream answered message by message (`answer_each`).
 
-Ray's gRPC proxy gives a stream one of the replica's `ingress_max_ongoing_requests` slots from its start, before any
-message arrives. So a stream's key is checked from its metadata before a message is read, and its input is bounded
-in time (`client_input_timeout_s`): peers without a key, or idle ones, cannot hold the slots of other calls.
+Ray's gRPC proxy gives a stream one of the replica's `placement.ingress.max_ongoing_requests` slots from its start,
+before any message arrives. So a stream's key is checked from its metadata before a message is read, and its input is
+bounded in time (`limits.client_input_timeout_s`): peers without a key, or idle ones, cannot hold the slots of other
+calls.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ async def read_whole(requests: AsyncIterator[Message], max_items: int, max_bytes
         async for message in requests:
             if len(messages) == max_items:
                 raise RequestError(f"the stream has more than {max_items} messages, the limit of one call "
-                                   "(max_items_per_request)", f"send at most {max_items} messages per stream",
+                                   "(tasks.max_items)", f"send at most {max_items} messages per stream",
                                    field="messages", limit=max_items)
             size += message.ByteSize()
             if size > max_bytes:

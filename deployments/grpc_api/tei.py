@@ -196,8 +196,8 @@ async def answer_client_stream(call: TeiCall, server: Server, requests: AsyncIte
     a message is read (`answer_call`), then its messages are read within the limits (`read_whole`)."""
     async def answer() -> Message:
         args = server.args
-        messages = await read_whole(requests, args.max_items_per_request, args.max_request_bytes,
-                                    args.client_input_timeout_s)
+        messages = await read_whole(requests, args.tasks.max_items, args.limits.max_request_bytes,
+                                    args.limits.client_input_timeout_s)
         return await answer_tei(server, call, messages, metadata_priority(grpc_context))
     return await answer_call(server, None, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
@@ -209,7 +209,7 @@ async def answer_bidirectional(call: TeiCall, server: Server, requests: AsyncIte
     if server.api_keys.refusal(grpc_context.invocation_metadata()) is not None:
         await answer_unary(call, server, None, grpc_context)
         raise StreamEnded(grpc_context.details())
-    async for reply in answer_each(requests, grpc_context, server.args.client_input_timeout_s,
+    async for reply in answer_each(requests, grpc_context, server.args.limits.client_input_timeout_s,
                                    partial(answer_unary, call, server)):
         yield reply
 

@@ -44,7 +44,8 @@ from radixserve import __version__
 
 DESCRIPTION = ("Drop-in HTTP APIs of Cohere (rerank v1/v2, Jina's rerank on /v1/rerank), OpenAI (embeddings) and "
                "Hugging Face text-embeddings-inference, served by radixserve: shared prefixes computed once per "
-               "batch. `x-radixserve-computed-tokens` on each answer counts the tokens computed after that.")
+               "batch. `x-radixserve-computed-tokens` on each answer counts the tokens computed after that, "
+               "`x-radixserve-cached-tokens` those read from the prefix cache.")
 
 
 def build_app(scorer: Server) -> FastAPI:
@@ -74,7 +75,8 @@ def build_app(scorer: Server) -> FastAPI:
     app.add_exception_handler(HTTPException, answer_error)
     app.add_exception_handler(RequestError, answer_error)
     app.add_exception_handler(Exception, answer_fault)
-    app.add_middleware(BodyLimit, limit=scorer.args.max_request_bytes, timeout_s=scorer.args.client_input_timeout_s)
+    app.add_middleware(BodyLimit, limit=scorer.args.limits.max_request_bytes,
+                       timeout_s=scorer.args.limits.client_input_timeout_s)
     app.add_middleware(KeyFirst, service=service, keyed=keyed)
     app.add_middleware(PriorityHeader)
     app.add_middleware(Metered, metrics=scorer.metrics,

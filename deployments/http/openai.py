@@ -6,9 +6,15 @@ components, renormalised (Matryoshka, as the library's `embed(dimensions=...)`).
 the `openai` SDK asks for unless told otherwise) is each vector's little-endian float32 bytes in base64, which the
 SDK decodes; `"float"` is a JSON list. An input longer than the model's limit is refused (422 naming it and the
 limit), as OpenAI refuses one over its context length, never silently cut. `usage.computed_tokens` adds the
-tokens left after shared prefixes were computed once. Errors are OpenAI's `{"error": {"message", "type", "param",
+tokens left after shared prefixes were computed once, `usage.cached_tokens` those read from the prefix cache. Errors are OpenAI's `{"error": {"message", "type", "param",
 "code"}}`, which its SDK raises as `BadRequestError`/`UnprocessableEntityError`, `AuthenticationError`,
 `NotFoundError`, `RateLimitError`, ...
+
+Long documents: radixserve's own fields `long_documents` ("truncate", which here refuses an over-long input, or
+"chunk"), `chunk_tokens`, `chunk_overlap_tokens`, `max_chunks_per_document` and `chunks` (README, "Long
+documents"; unset, the server's defaults apply). With `chunks: "pooled"` an input still gets one embedding; with
+`"each"`, `data` holds one item per chunk, its `index` the input's, and `span: [start, end]`, the chunk's character
+offsets in it.
 """
 
 from __future__ import annotations
@@ -36,18 +42,28 @@ class EmbeddingsRequest(BaseModel):
     dimensions: int | None = Field(None, description="Keep the first d components (1 to the hidden size).")
     encoding_format: Literal["float", "base64"] = Field("float", description="JSON floats or base64 float32 bytes.")
     user: str | None = Field(None, description="Accepted for compatibility; not used.")
+    long_documents: str | None = Field(
+        None, description="radixserve: \"truncate\" (refuse an input over the limit) or \"chunk\" (embed it by "
+                          "chunks); unset: the server's default.")
+    chunk_tokens: int | None = Field(None, description="radixserve: most tokens of an input per chunk.")
+    chunk_overlap_tokens: int | None = Field(None, description="radixserve: tokens neighbouring chunks share.")
+    max_chunks_per_document: int | None = Field(None, description="radixserve: most chunks per input.")
+    chunks: str | None = Field(None, description="radixserve: \"pooled\" (one embedding per input) or \"each\" "
+                                                 "(one per chunk, with its span).")
 
 
 class Embedding(BaseModel):
     object: Literal["embedding"]
     index: int
     embedding: list[float] | str
+    span: list[int] | None = Field(None, description="With chunks \"each\": the chunk's [start, end) offsets.")
 
 
 class EmbeddingsUsage(BaseModel):
     prompt_tokens: int
     total_tokens: int
     computed_tokens: int
+    cached_tokens: int
 
 
 class EmbeddingsResponse(BaseModel):
@@ -67,7 +83,10 @@ class OpenAIDialect(Dialect):
         async def embeddings(body: EmbeddingsRequest):
             service.check_model(body.model)
             texts = _texts(body.input)
-            result = await service.run(EmbedRequest(texts, dimensions=body.dimensions, truncate=False), NAMES)
+            result = await service.run(EmbedRequest(
+                texts, dimensions=body.dimensions, truncate=False, long_documents=body.long_documents,
+                chunk_tokens=body.chunk_tokens, chunk_overlap_tokens=body.chunk_overlap_tokens,
+                max_chunks_per_document=body.max_chunks_per_document, chunks=body.chunks), NAMES)
             return await service.respond(_response, result, body.encoding_format, service.card.served_model_name,
                                          usage=result.usage)
 
@@ -91,8 +110,11 @@ def _response(result: EmbedResult, encoding_format: str, model: str) -> dict[str
         rows = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in vectors]
     else:
         rows = vectors.tolist()
-    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    indices = range(len(rows)) if result.indices is None else result.indices.tolist()
+    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in zip(indices, rows)]
+    if result.spans is not None:
+        data = [{**item, "span": span} for item, span in zip(data, result.spans.tolist())]
     usage = result.usage
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": usage.input_tokens, "total_tokens": usage.input_tokens,
-                      "computed_tokens": usage.computed_tokens}}
+                      "computed_tokens": usage.computed_tokens, "cached_tokens": usage.cached_tokens}}

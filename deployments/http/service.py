@@ -32,6 +32,7 @@ from radix_core.tasks import TaskRequest, Usage, task_for
 
 COMPUTED_TOKENS_HEADER = "x-radixserve-computed-tokens"  # tokens computed after shared prefixes were deduplicated
 INPUT_TOKENS_HEADER = "x-radixserve-input-tokens"  # tokens of the call's sequences as sent to the model
+CACHED_TOKENS_HEADER = "x-radixserve-cached-tokens"  # tokens read from the prefix cache instead of computed
 _PRIORITY: ContextVar[str | None] = ContextVar("radixserve_http_priority", default=None)
 
 
@@ -84,6 +85,7 @@ class Service:
         if usage is not None:
             response.headers[COMPUTED_TOKENS_HEADER] = str(usage.computed_tokens)
             response.headers[INPUT_TOKENS_HEADER] = str(usage.input_tokens)
+            response.headers[CACHED_TOKENS_HEADER] = str(usage.cached_tokens)
         return response
 
 

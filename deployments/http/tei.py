@@ -17,7 +17,7 @@ fields.
 scores each [text, text_pair] pair with the rerank task (the pairs of one text are one request, so they share its
 prefix): a cross-encoder's single logit (sigmoid unless raw_scores) or a causal-LM reranker's P(yes), labelled with
 the score head's one label (else "relevance"). Its texts and pairs together are at most `max_client_batch_size`
-(`max_items_per_request`), as are `/tokenize`'s inputs; `/tokenize` has no truncate, as in TEI, so an input over
+(`tasks.max_items`), as are `/tokenize`'s inputs; `/tokenize` has no truncate, as in TEI, so an input over
 `max_input_length` tokens is a 422 naming it and the limit. `prompt_name` is refused with 422 (no named prompts;
 send an `instruction` through radixserve.v1 instead). `truncate` defaults to false, as in TEI: a text over the
 per-item limit is a 422. Errors are TEI's `{"error", "error_type"}`.
@@ -178,7 +178,7 @@ def _info(service: Service, info: dict[str, Any]) -> dict[str, Any]:
     args = service.scorer.args
     return {"model_id": service.card.served_model_name, "model_sha": None, "model_dtype": info["dtype"],
             "model_type": tei_fields.tei_model_type(service.card),
-            "max_concurrent_requests": args.ingress_max_ongoing_requests,
+            "max_concurrent_requests": args.placement.ingress.max_ongoing_requests,
             "max_input_length": info["max_tokens_per_item"], "max_batch_tokens": info["max_batch_tokens"],
             "max_batch_requests": None, "max_client_batch_size": info["max_items"], "auto_truncate": False,
             "tokenization_workers": None, "version": info["version"], "sha": None, "docker_label": None}

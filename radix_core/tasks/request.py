@@ -111,6 +111,11 @@ def choice(choices: Sequence[str], default: str, meaning: str = "") -> Any:
     return _arg(lambda name, value, _: check_choice(name, value, choices, meaning), default)
 
 
+def optional_choice(choices: Sequence[str], meaning: str = "") -> Any:
+    """One of `choices`, or None: unset, the task config's default applies."""
+    return _arg(lambda name, value, _: None if value is None else check_choice(name, value, choices, meaning), None)
+
+
 def template_or_text(default: str | None = None) -> Any:
     """A format string (or None), or, for library callers, a callable (never sent over a wire)."""
     return _arg(lambda name, value, _: None if callable(value) else check_optional_text(name, value), default)

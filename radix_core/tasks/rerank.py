@@ -5,17 +5,24 @@ over the two logits at the last position (the logit difference with `raw_scores`
 it, with only those two rows of the LM head computed, in float32. Sequence-classification rerankers score the
 last token with their one-label head; sigmoid unless `raw_scores`. The query and the template text before the
 document are one shared prefix, computed once.
+
+A document longer than the prompt's room is cut (`long_documents="truncate"`) or scored by chunks
+(`long_documents="chunk"`, `radix_core.chunking`): each chunk is a document of its own in the same prompt, so the
+shared prefix is computed once for all chunks of all documents; the document's score pools its chunks' (`pool`)
+and its hit carries the best chunk's character span (`best_span`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from radix_core.chunking import LONG_DOCUMENTS, POOLS, Chunks, chunk_documents, pool_scores
 from radix_core.errors import RequestError
 from radix_core.prompt_encoding import EncodedBatch
 from radix_core.tasks.base import HeadQuery, Task, TaskJob, naming_items
@@ -26,6 +33,7 @@ from radix_core.tasks.request import (
     choice,
     flag,
     items,
+    optional_choice,
     optional_text,
     text,
     token_cap,
@@ -48,6 +56,12 @@ class RerankRequest(TaskRequest):
     own (Cohere's `max_tokens_per_doc`). `truncation_direction`: "right" cuts a document's end, "left" its start.
     Every cut is at a token boundary and the prompt is tokenized with the kept text, as the tokenizer would
     encode it.
+
+    `long_documents`: "truncate" (as above) or "chunk": score each document by windows of at most `chunk_tokens`
+    of its own tokens (and what fits the limit beside the prompt), neighbours sharing `chunk_overlap_tokens`, at
+    most `max_chunks_per_document` (more: its first ones with `truncate`, its last with `truncation_direction`
+    "left", else refused); its score is the `pool` ("max", "mean" or "first") of its chunks' scores and its hit
+    the best chunk's `best_span`. Unset (None), each takes the task config's default (`TaskConfig`).
     """
 
     query: str = text()
@@ -59,15 +73,22 @@ class RerankRequest(TaskRequest):
     truncate: bool = flag(True)
     max_document_tokens: int | None = token_cap()
     truncation_direction: str = choice(TRUNCATION_DIRECTIONS, "right", " (the side of a text that is cut)")
+    long_documents: str | None = optional_choice(LONG_DOCUMENTS, " (what a document longer than the limit gets)")
+    chunk_tokens: int | None = whole(at_least=1)
+    chunk_overlap_tokens: int | None = whole(at_least=0)
+    max_chunks_per_document: int | None = whole(at_least=1)
+    pool: str | None = optional_choice(POOLS, " (how a document's score comes from its chunks')")
 
 
 @dataclass(frozen=True)
 class RerankHit:
-    """One document's score; `index` points into the request's documents."""
+    """One document's score; `index` points into the request's documents. `best_span`: the [start, end)
+    character offsets of its best chunk in the document, when it was scored by chunks."""
 
     index: int
     score: float
     document: str | None = None
+    best_span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,16 +109,19 @@ class RerankScores:
 
 @dataclass(frozen=True)
 class RerankJob(TaskJob):
-    """One sequence per document; scored by the (no, yes) answer logits of a causal LM (`answer_ids`), else
-    (None) by the one-label score head. `top_n` and `documents` apply when the parts are merged."""
+    """One sequence per document, or per chunk of a document (`chunks`); scored by the (no, yes) answer logits of
+    a causal LM (`answer_ids`), else (None) by the one-label score head. `top_n`, `documents` and the pooling of
+    chunks apply when the parts are merged."""
 
     answer_ids: tuple[int, int] | None  # (no, yes) token ids
     raw_scores: bool
     top_n: int | None
     documents: tuple[str, ...] | None  # kept only to return them; sub-jobs carry none
+    chunks: Chunks | None  # the documents' chunks, one sequence each; None: one sequence per document
+    pool: str
 
     def select(self, start: int, end: int) -> RerankJob:
-        return replace(self, sequences=self.sequences.select(start, end), documents=None)
+        return replace(self, sequences=self.sequences.select(start, end), documents=None, chunks=None)
 
 
 class RerankTask(Task):
@@ -115,12 +139,25 @@ class RerankTask(Task):
                                f"needs a single relevance logit (num_labels=1)")
         template = context.template(self.name)
         answer_ids = _answer_ids(context, template)
+        config = context.config
+        spec = config.chunk_spec(request.long_documents, request.chunk_tokens, request.chunk_overlap_tokens,
+                                 request.max_chunks_per_document, request.truncate, request.truncation_direction,
+                                 request.max_document_tokens)
+        encode = partial(encode_rerank, context, template, request.query, instruction=request.instruction,
+                         truncation_direction=request.truncation_direction)
         with naming_items("documents", "document"):
-            batch = encode_rerank(context, template, request.query, request.documents, request.instruction,
-                                  request.truncate, request.truncation_direction, request.max_document_tokens)
+            if spec is None:
+                chunks, batch = None, encode(request.documents, truncate=request.truncate,
+                                             max_document_tokens=request.max_document_tokens)
+            else:
+                chunks, batch = chunk_documents(
+                    context.prompt_tokenizer(), request.documents, spec,
+                    partial(encode, truncate=True, max_document_tokens=None), context.token_limit, config.max_items,
+                    "document", config.special_tokens_in_user_text)
         return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids,
                          request.raw_scores, request.top_n,
-                         tuple(request.documents) if request.return_documents else None)
+                         tuple(request.documents) if request.return_documents else None, chunks,
+                         request.pool or config.pool)
 
     def head_query(self, job: RerankJob) -> HeadQuery:
         n = len(job.sequences)
@@ -135,16 +172,30 @@ class RerankTask(Task):
         return RerankScores(scores.numpy(), view.usage)
 
     def merge(self, job: RerankJob, partials: Sequence[RerankScores]) -> RerankResult:
-        scores = np.concatenate([p.scores for p in partials]).tolist()
+        scores = np.concatenate([p.scores for p in partials])  # (n,) one per sequence
+        spans = None
+        if job.chunks is not None:
+            scores, best = pool_scores(scores, job.chunks, job.pool)  # (D,) per document
+            spans = [tuple(span) for span in job.chunks.spans[best].tolist()]
+        scores = scores.tolist()
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[:job.top_n]
         documents = job.documents
-        hits = [RerankHit(i, scores[i], documents[i] if documents is not None else None) for i in order]
+        hits = [RerankHit(i, scores[i], documents[i] if documents is not None else None,
+                          spans[i] if spans is not None else None) for i in order]
         return RerankResult(hits, Usage.total([p.usage for p in partials]))
 
     def to_dict(self, result: RerankResult) -> dict[str, Any]:
-        hits = [{"index": h.index, "score": h.score, **({"document": h.document} if h.document is not None else {})}
-                for h in result.results]
-        return {"results": hits, "usage": result.usage.to_dict()}
+        return {"results": [_hit_fields(hit) for hit in result.results], "usage": result.usage.to_dict()}
+
+
+def _hit_fields(hit: RerankHit) -> dict[str, Any]:
+    """The fields of a `RerankHit` message; `document` and `best_span` only when set."""
+    fields: dict[str, Any] = {"index": hit.index, "score": hit.score}
+    if hit.document is not None:
+        fields["document"] = hit.document
+    if hit.best_span is not None:
+        fields["best_span"] = {"start": hit.best_span[0], "end": hit.best_span[1]}
+    return fields
 
 
 def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderPair, query: str,

@@ -46,9 +46,11 @@ class BatchView:
     def usage(self) -> Usage:
         """The slice's tokens, and the computed rows its sequences created first. Rows are numbered in the order
         sequences first create them (`BatchPlan.cu_rows`), so over the slices of a batch these sum to
-        `ForwardResult.num_computed`; a prefix shared with an earlier slice counts there."""
+        `ForwardResult.num_computed`; a prefix shared with an earlier slice counts there. Cached: the tokens of
+        its sequences read from the prefix cache."""
         cu_rows = self.result.plan.cu_rows[[self.first, self.first + self.count]]
-        return Usage(int(self.lengths.sum()), int(cu_rows[1] - cu_rows[0]))
+        cached = self.result.cached_lengths[self.first:self.first + self.count]
+        return Usage(int(self.lengths.sum()), int(cu_rows[1] - cu_rows[0]), int(cached.sum()))
 
     @property
     def _cu_seqlens(self) -> np.ndarray:

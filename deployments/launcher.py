@@ -4,11 +4,11 @@
 traffic with the first), lets the gRPC proxy take 2 GiB messages, keeps running after the application failed to
 deploy, and on SIGTERM tears everything down with requests in flight. This launcher, in order:
 
-1. validates the config (Ray's `ServeDeploySchema`, and `AppArgs` for radixserve applications);
+1. validates the config (Ray's `ServeDeploySchema`, and `AppArgs` for radixserve applications, every section);
 2. refuses to start when the HTTP or gRPC port is taken, naming the port, the process holding it and the fix;
 3. checks each application's model before Ray starts (a local path must be a model directory; a hub id needs the
    local Hugging Face cache or the network) and names the model it will serve (`RADIXSERVE_MODEL` included);
-4. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `max_request_bytes` (unless set): Ray reads it when its proxy
+4. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `limits.max_request_bytes` (unless set): Ray reads it when its proxy
    imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
 5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command;
 6. follows the applications: DEPLOY_FAILED shuts down, prints Ray's deploy error and, last, its one-line cause,
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 GRPC_MESSAGE_SIZE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"
-# The proxy's limit sits this far above max_request_bytes so the ingress's own RESOURCE_EXHAUSTED (naming
+# The proxy's limit sits this far above limits.max_request_bytes so the ingress's own RESOURCE_EXHAUSTED (naming
 # max_request_bytes) answers messages just over it; gRPC's framing adds 5 bytes, metadata travels separately.
 ENVELOPE_BYTES = 64 * 1024
 APP_IMPORT_PATH = "deployments.app:build"
@@ -53,8 +53,8 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
     config = load_config(config_path)
     check_ports_free(config, config_path)
     for app in radixserve_apps(config):
-        check_model(app["args"]["model"])
-        print(f"radixserve: application {app['name']!r} serves model {app['args']['model']!r}", flush=True)
+        check_model(app["args"].model)
+        print(f"radixserve: application {app['name']!r} serves model {app['args'].model!r}", flush=True)
     set_grpc_message_limit(config)
     stop = StopSignals()
     stop.install()
@@ -70,7 +70,8 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
 
 
 def load_config(config_path: str) -> dict[str, Any]:
-    """The YAML, checked by Ray's schema and, for radixserve applications, by `AppArgs` (as `build` will)."""
+    """The YAML, checked by Ray's schema and, for radixserve applications, by `AppArgs` (as `build` will): each
+    such application's `args` is then its `AppArgs` (`RADIXSERVE_MODEL` applied)."""
     import yaml
     from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
@@ -85,7 +86,7 @@ def load_config(config_path: str) -> dict[str, Any]:
     try:
         config = ServeDeploySchema.model_validate(raw).model_dump(mode="json")
         for app in radixserve_apps(config):
-            app["args"] = AppArgs.model_validate(app["args"]).model_dump(mode="json")
+            app["args"] = AppArgs.model_validate(app["args"])
     except ValidationError as err:
         raise LaunchError(f"{config_path}: {err}") from err
     return config
@@ -94,6 +95,15 @@ def load_config(config_path: str) -> dict[str, Any]:
 def radixserve_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The config's radixserve applications (`load_config` validates their args)."""
     return [app for app in config["applications"] if app["import_path"] == APP_IMPORT_PATH]
+
+
+def settings_yaml(config: dict[str, Any]) -> str:
+    """The radixserve applications' validated args as YAML, keyed by application name: every setting with its
+    value, the defaults included (each written once, in its section's type)."""
+    import yaml
+
+    return yaml.safe_dump({app["name"]: app["args"].model_dump(mode="json") for app in radixserve_apps(config)},
+                          sort_keys=False)
 
 
 def check_model(model: str) -> None:
@@ -204,8 +214,9 @@ def _listener_of(port: int) -> str | None:
 
 
 def set_grpc_message_limit(config: dict[str, Any]) -> None:
-    """`RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` = the largest `max_request_bytes` + ENVELOPE_BYTES, unless already set."""
-    limits = [app["args"]["max_request_bytes"] for app in radixserve_apps(config)]
+    """`RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` = the largest `limits.max_request_bytes` + ENVELOPE_BYTES, unless already
+    set."""
+    limits = [app["args"].limits.max_request_bytes for app in radixserve_apps(config)]
     if limits and GRPC_MESSAGE_SIZE_ENV not in os.environ:
         os.environ[GRPC_MESSAGE_SIZE_ENV] = str(grpc_message_limit(max(limits)))
 
@@ -311,11 +322,17 @@ def add_subcommand(subparsers: Any) -> None:
     parser.add_argument("config", nargs="?", default="serve_config.yaml", help="Serve config (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S, metavar="S",
                         help="longest wait for in-flight requests after SIGTERM/Ctrl-C (default: %(default)s)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print each radixserve application's args as validated, every default filled in "
+                             "(RADIXSERVE_MODEL applied), as YAML, and exit without starting anything")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        if args.print_config:
+            print(settings_yaml(load_config(args.config)), end="")
+            return 0
         return serve(args.config, args.drain_timeout)
     except LaunchError as err:
         print(f"radixserve serve: {err}", file=sys.stderr)

@@ -1,0 +1,396 @@
+"""The prefix cache: K/V of every layer, and the final hidden state, of token-id prefixes an engine has computed,
+kept across batches under a byte budget, so that a hot prefix is computed once per replica, not once per batch.
+
+    cache = PrefixCache(RowShape.of(arch, dtype, device), budget_bytes=256 << 20)  # RowShape: cached_rows
+    with cache.lease(input_ids, cu_seqlens, scopes) as lease:  # one batch; the cache is locked meanwhile
+        lease.matched                # (B,) leading tokens of each sequence whose rows are cached
+        past = lease.past(lengths)   # those rows (lengths <= matched), for the forward to read
+        kept = lease.keep(rows)      # buffers the forward copies the admitted rows' K/V and states into
+        lease.commit(kept)           # the admitted rows become cached
+
+`radix_core.cached_forward` drives a batch's forward through a lease; `radix_core.cached_rows` holds the rows as
+the forward sees them. A sequence always starts at position 0, so its token ids are its history: equal ids, equal
+K/V, whichever batch computed them.
+
+**The tree.** A radix tree over token-id sequences, one tree per scope (`scopes`, one value per sequence: the
+first edge of its path, e.g. the API key, so that tenants never read each other's rows; None for one shared
+tree). Each node is a **segment**: a run of token ids and, once cached, its rows' K/V `(layers, 2, n, Hkv, D)`
+and final-normed hidden states `(n, hidden)` in the engine's dtype on its device. A lookup walks a sequence down
+the tree: the longest cached prefix, ending anywhere, inside a segment too. Where a sequence leaves a segment in
+its middle, the segment is split there (its K/V copied into two tensors, so each half frees its own memory).
+
+**States.** A segment is `resident` (K/V held, counted against the budget), `pending` (admitted by this lease,
+filled at commit) or a `ghost` (ids only: a record that the prefix was seen). Along every path resident
+segments come first, then pending, then ghosts.
+
+**Admission: the second sighting.** A row enters the cache the second time its history is seen: two sequences of
+one batch share it (a few-shot prompt, a rerank query, an embedding instruction: admitted by the batch that
+first computes it, hit by every later one), or a ghost left by an earlier batch is walked again (a conversation
+scored again at its next turn). A history seen once stays a ghost, so the one-off documents of a rerank stream,
+most of its tokens, never cost a K/V copy nor push a hot prefix out. Ghosts cost their ids, and at most
+`ghost_tokens` of them are remembered (default 4x the rows the budget holds), least recently seen forgotten first.
+
+**Eviction.** Least recently used first, one whole segment at a time, only segments without cached segments
+below them (evicting one may expose its parent); never one this lease uses. An evicted segment becomes a ghost,
+so the next sighting of its prefix admits it again. The bytes held, pending rows included, never pass the
+budget (a segment split copies its K/V once, briefly holding both); an admission that cannot be made room for
+is skipped. Recency is kept by two ordered dicts with every segment after its descendants, so the eviction
+scan finds the least recently used segment without cached segments below it at or near the front.
+
+**One lease at a time.** A lease holds the cache's lock from lookup to commit: the engine runs one batch at a time
+on its device, and the next batch must see the previous one's insertions. Counters (`stats()`) are read without
+the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from radix_core.cached_rows import CachedPrefix, KeptRows, RowShape
+
+RESIDENT, PENDING, GHOST = "resident", "pending", "ghost"
+DEFAULT_CPU_BYTES = 256 << 20  # on the CPU: 14,563 rows of the bench preset, 1,149 of Qwen3-0.6B in float32
+GPU_FREE_SHARE = 0.3  # on CUDA: this share of the device memory free once the weights are loaded
+GHOST_FACTOR = 4  # ghost tokens remembered, per row the budget holds
+
+
+def check_budget(setting: int | str) -> None:
+    """Raise a `ValueError` naming `prefix_cache_bytes` unless it is "auto" or a whole number of bytes, 0 or more."""
+    if setting != "auto" and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 0):
+        raise ValueError(f"prefix_cache_bytes must be 'auto', 0 (no prefix cache) or a whole number of bytes; got "
+                         f"{setting!r}")
+
+
+def cache_budget(setting: int | str, shape: RowShape) -> int:
+    """The budget in bytes for `prefix_cache_bytes`: "auto" is `DEFAULT_CPU_BYTES` on the CPU and
+    `GPU_FREE_SHARE` of the free device memory on CUDA; 0 turns the cache off."""
+    check_budget(setting)
+    if setting != "auto":
+        return setting
+    if shape.device.type != "cuda":
+        return DEFAULT_CPU_BYTES
+    return int(torch.cuda.mem_get_info(shape.device)[0] * GPU_FREE_SHARE)
+
+
+@dataclass
+class PrefixCacheStats:
+    """The cache's counters since it was made (or cleared), and what it holds now."""
+
+    budget_bytes: int
+    bytes: int = 0  # K/V and hidden states held, pending rows included
+    segments: int = 0  # resident segments
+    lookups: int = 0  # sequences looked up
+    lookup_tokens: int = 0  # their tokens
+    hit_tokens: int = 0  # tokens read from the cache instead of computed
+    inserted_tokens: int = 0  # rows that entered the cache
+    evictions: int = 0  # segments evicted
+    evicted_tokens: int = 0  # their rows
+    ghost_tokens: int = 0  # token ids remembered as seen once
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+class _Segment:
+    """A node of the tree: token ids `ids` at positions `depth ..`, and in the resident state their rows."""
+
+    __slots__ = ("ids", "size", "depth", "parent", "children", "state", "kv", "states", "tick", "scope")
+
+    def __init__(self, ids: bytes, depth: int, parent: _Segment | None, state: str, scope: Hashable = None):
+        self.ids = ids  # n int32 token ids as bytes: compared in C (`bytes.startswith`), 4 bytes a token
+        self.size = len(ids) >> 2  # n
+        self.depth = depth  # tokens above the segment: the position of its first row
+        self.parent = parent  # None for a scope's root
+        self.children: dict[bytes, _Segment] = {}  # by first token id's bytes
+        self.state = state
+        self.kv: torch.Tensor | None = None  # (layers, 2, n, Hkv, D) when resident
+        self.states: torch.Tensor | None = None  # (n, hidden) when resident
+        self.tick = 0  # the last lease that walked it
+        self.scope = scope  # a root's scope
+
+
+@dataclass
+class CacheLease:
+    """One batch's use of the cache, from lookup to commit (`PrefixCache.lease`)."""
+
+    cache: PrefixCache
+    sequences: list[bytes]  # (B,) each sequence's token ids, int32 bytes
+    roots: list[_Segment]  # (B,) each sequence's scope's root
+    matched: np.ndarray  # (B,) int64 leading tokens of each sequence whose rows are cached
+    admitted: list[tuple[int, int, int]] = field(default_factory=list)  # (sequence, start, end) rows to cache
+    hits: int = 0
+    committed: bool = False
+
+    @property
+    def admitted_rows(self) -> int:
+        return sum(end - start for _, start, end in self.admitted)
+
+    def past(self, lengths: np.ndarray) -> CachedPrefix | None:
+        """The cached rows of the first `lengths[s]` tokens of each sequence s (at most `matched[s]`; less where
+        the forward computes a cached row anyway), or None when no sequence reads any."""
+        self.hits = int(lengths.sum())
+        if not self.hits:
+            return None
+        used: dict[_Segment, int] = {}
+        pairs: list[tuple[int, _Segment, int]] = []
+        for s in np.flatnonzero(lengths).tolist():
+            for segment, _, rows in self.cache._path(self.roots[s], self.sequences[s], int(lengths[s])):
+                used[segment] = max(used.get(segment, 0), rows)
+                pairs.append((s, segment, rows))
+        offsets = dict(zip(used, np.cumsum([0, *used.values()]).tolist()))
+        starts = np.array([offsets[segment] for _, segment, _ in pairs], dtype=np.int64)  # (T,)
+        ends = starts + np.array([rows for _, _, rows in pairs], dtype=np.int64)  # (T,)
+        owners = np.array([s for s, _, _ in pairs], dtype=np.int64)  # (T,) sorted
+        pair_cu = np.searchsorted(owners, np.arange(len(self.roots) + 1))  # (B+1,)
+        return CachedPrefix([(segment.kv, segment.states, rows) for segment, rows in used.items()],
+                            pair_cu.astype(np.int64), starts, ends)
+
+    def keep(self, rows: torch.Tensor) -> KeptRows:
+        """Buffers for the admitted rows, which are the computed rows `rows` (A,) in admission order."""
+        shape = self.cache.shape
+        return KeptRows(rows, shape.kv(rows.shape[0]), shape.states(rows.shape[0]))
+
+    def commit(self, kept: KeptRows | None) -> None:
+        """The admitted rows, their K/V and states filled by the forward, become cached (`kept` None: none)."""
+        self.cache._fill(self, kept)
+        self.committed = True
+
+
+class PrefixCache:
+    """The tree, its budget and its counters (module docstring); `lease` is the one way in."""
+
+    def __init__(self, shape: RowShape, budget_bytes: int, ghost_tokens: int | None = None):
+        if budget_bytes < shape.bytes:
+            raise ValueError(f"a prefix cache of {budget_bytes} bytes holds no row ({shape.bytes} bytes each): "
+                             f"give at least one row, or no cache at all (prefix_cache_bytes 0)")
+        self.shape = shape
+        self.ghost_limit = GHOST_FACTOR * (budget_bytes // shape.bytes) if ghost_tokens is None else ghost_tokens
+        self._lock = threading.Lock()
+        self._stats = PrefixCacheStats(budget_bytes)
+        self._roots: dict[Hashable, _Segment] = {}
+        self._resident: OrderedDict[_Segment, None] = OrderedDict()  # least recent first, after descendants
+        self._ghosts: OrderedDict[_Segment, None] = OrderedDict()  # the same order among ghosts
+        self._tick = 0
+        self._touched: set[_Segment] = set()
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._stats.budget_bytes
+
+    def stats(self) -> PrefixCacheStats:
+        return replace(self._stats, segments=len(self._resident))
+
+    def clear(self) -> None:
+        """Forget every segment and reset the counters: a cold cache."""
+        with self._lock:
+            self._stats = PrefixCacheStats(self.budget_bytes)
+            self._roots.clear()
+            self._resident.clear()
+            self._ghosts.clear()
+
+    @contextmanager
+    def lease(self, input_ids: np.ndarray, cu_seqlens: np.ndarray,
+              scopes: Sequence[Hashable] | None = None) -> Iterator[CacheLease]:
+        """Look the batch's sequences up (`input_ids` (N,), `cu_seqlens` (B+1,), `scopes` one per sequence or
+        None), then admit what is seen the second time (all walks first, so that no admission evicts rows a later
+        sequence of the batch reads), and hold the cache until the lease ends; admitted rows not committed by
+        then go back to ghosts."""
+        num_sequences = int(cu_seqlens.shape[0]) - 1
+        if scopes is not None and len(scopes) != num_sequences:
+            raise ValueError(f"scopes has {len(scopes)} entries for {num_sequences} sequences: give one per "
+                             f"sequence, or None")
+        with self._lock:
+            self._tick += 1
+            roots = [self._root(None if scopes is None else scopes[s]) for s in range(num_sequences)]
+            tokens, bounds = input_ids.astype(np.int32).tobytes(), (4 * cu_seqlens).tolist()
+            sequences = [tokens[start:end] for start, end in zip(bounds, bounds[1:])]
+            lease = CacheLease(self, sequences, roots, np.zeros(num_sequences, dtype=np.int64))
+            try:
+                seen = [self._walk(lease, s) for s in range(num_sequences)]  # every path walked before any eviction
+                for s in range(num_sequences):
+                    self._admit(lease, s, seen[s])
+                self._stats.lookups += num_sequences
+                self._stats.lookup_tokens += int(cu_seqlens[-1] - cu_seqlens[0])
+                yield lease
+            finally:
+                self._close(lease)
+
+    def _root(self, scope: Hashable) -> _Segment:
+        if scope not in self._roots:
+            self._roots[scope] = _Segment(b"", 0, None, RESIDENT, scope)
+        return self._roots[scope]
+
+    def _walk(self, lease: CacheLease, s: int) -> int:
+        """Walk sequence `s` down its tree, splitting where it leaves a segment, and remember its unseen tail as a
+        ghost; sets its cached prefix's length and returns the length of its path already seen."""
+        seq = lease.sequences[s]
+        length = len(seq) >> 2
+        node, p = lease.roots[s], 0
+        while p < length:
+            child = node.children.get(seq[4 * p:4 * p + 4])
+            if child is None:
+                break
+            common = _common_length(child.ids, seq, p)
+            if common < child.size and (p + common < length or child.state != RESIDENT):
+                child = self._split(child, common)  # the lower part is not on this path: its recency stays
+            else:
+                self._touch(child)
+            if child.state == RESIDENT and lease.matched[s] == p:
+                lease.matched[s] = p + common
+            p += common
+            node = child
+            if common < child.size:  # the sequence ends inside a resident segment
+                break
+        if p < length:
+            tail = _Segment(seq[4 * p:], p, node, GHOST)
+            node.children[tail.ids[:4]] = tail
+            self._ghosts[tail] = None
+            self._stats.ghost_tokens += tail.size
+            self._touch(tail)
+        return p
+
+    def _admit(self, lease: CacheLease, s: int, seen: int) -> None:
+        """Admit the ghosts on the first `seen` tokens of sequence `s`'s path (whole segments: the walks split
+        them) while the budget can make room, root to leaf."""
+        start = end = None
+        for segment, p, rows in self._path(lease.roots[s], lease.sequences[s], seen):
+            if segment.state == GHOST:
+                if not self._reserve(segment.size):
+                    break
+                del self._ghosts[segment]
+                self._stats.ghost_tokens -= segment.size
+                segment.state = PENDING
+                start, end = p if start is None else start, p + rows
+        if start is not None:
+            lease.admitted.append((s, start, end))
+
+    def _reserve(self, rows: int) -> bool:
+        """Count `rows` more rows against the budget, evicting what this lease does not use; False if it can't."""
+        need = rows * self.shape.bytes
+        if need > self.budget_bytes:
+            return False
+        while self._stats.bytes + need > self.budget_bytes:
+            victim = next((seg for seg in self._resident if seg.tick != self._tick and not _holds_rows_below(seg)),
+                          None)
+            if victim is None:
+                return False
+            self._evict(victim)
+        self._stats.bytes += need
+        return True
+
+    def _evict(self, segment: _Segment) -> None:
+        """A resident segment without cached segments below it becomes a ghost."""
+        del self._resident[segment]
+        segment.kv = segment.states = None
+        segment.state = GHOST
+        self._ghosts[segment] = None
+        self._stats.bytes -= segment.size * self.shape.bytes
+        self._stats.ghost_tokens += segment.size
+        self._stats.evictions += 1
+        self._stats.evicted_tokens += segment.size
+
+    def _split(self, segment: _Segment, at: int) -> _Segment:
+        """Cut `segment` after its first `at` rows; returns the upper part (a new segment), the lower keeps its
+        children. A resident segment's K/V and states are copied into two tensors, so each part owns its memory."""
+        upper = _Segment(segment.ids[:4 * at], segment.depth, segment.parent, segment.state)
+        upper.parent.children[upper.ids[:4]] = upper
+        upper.children[segment.ids[4 * at:4 * at + 4]] = segment
+        upper.tick = segment.tick
+        if segment.kv is not None:
+            upper.kv, lower_kv = (part.clone(memory_format=torch.contiguous_format)
+                                  for part in (segment.kv[:, :, :at], segment.kv[:, :, at:]))
+            upper.states, lower_states = segment.states[:at].clone(), segment.states[at:].clone()
+            segment.kv, segment.states = lower_kv, lower_states
+        segment.ids, segment.size, segment.depth, segment.parent = segment.ids[4 * at:], segment.size - at, \
+            segment.depth + at, upper
+        recency = {RESIDENT: self._resident, GHOST: self._ghosts}.get(segment.state)
+        if recency is not None:
+            recency[upper] = None  # after the lower part, its descendant
+        self._touch(upper)
+        return upper
+
+    def _touch(self, segment: _Segment) -> None:
+        segment.tick = self._tick
+        self._touched.add(segment)
+
+    def _path(self, root: _Segment, seq: bytes, end: int) -> Iterator[tuple[_Segment, int, int]]:
+        """(segment, position of its first row, its rows on the path) down `seq`'s path to `end` tokens, which the
+        tree holds."""
+        node, p = root, 0
+        while p < end:
+            node = node.children[seq[4 * p:4 * p + 4]]
+            rows = min(node.size, end - p)
+            yield node, p, rows
+            p += rows
+
+    def _admitted_segments(self, lease: CacheLease) -> Iterator[tuple[_Segment, int]]:
+        """Each pending segment of the lease's admissions, with its first row's place among the admitted rows."""
+        offset = 0
+        for s, start, end in lease.admitted:
+            for segment, p, rows in self._path(lease.roots[s], lease.sequences[s], end):
+                if p >= start:
+                    yield segment, offset + p - start
+            offset += end - start
+
+    def _fill(self, lease: CacheLease, kept: KeptRows | None) -> None:
+        """Pending segments take their rows of `kept` (copies, unless one segment takes them all). The copies are
+        made first, so that a copy that fails (out of memory) leaves every admission pending, to be undone."""
+        filled = []
+        for segment, at in self._admitted_segments(lease):
+            kv, states = kept.kv[:, :, at:at + segment.size], kept.states[at:at + segment.size]
+            whole = segment.size == kept.rows.shape[0]
+            filled.append((segment, kv if whole else kv.clone(memory_format=torch.contiguous_format),
+                           states if whole else states.clone()))
+        for segment, kv, states in filled:
+            segment.kv, segment.states, segment.state = kv, states, RESIDENT
+            self._resident[segment] = None
+            self._stats.inserted_tokens += segment.size
+        self._stats.hit_tokens += lease.hits
+
+    def _close(self, lease: CacheLease) -> None:
+        """End a lease: admissions not committed go back to ghosts; what it walked becomes the most recently used
+        (deepest first, so each segment stays after its descendants); the ghosts are trimmed to their limit."""
+        if not lease.committed:
+            for segment, _ in self._admitted_segments(lease):
+                segment.state = GHOST
+                self._ghosts[segment] = None
+                self._stats.bytes -= segment.size * self.shape.bytes
+                self._stats.ghost_tokens += segment.size
+        for segment in sorted(self._touched, key=lambda seg: seg.depth, reverse=True):
+            recency = self._resident if segment.state == RESIDENT else self._ghosts
+            recency.move_to_end(segment)
+        self._touched.clear()
+        while self._stats.ghost_tokens > self.ghost_limit:
+            self._forget(next(iter(self._ghosts)))
+
+    def _forget(self, ghost: _Segment) -> None:
+        """Remove a ghost without children from the tree (and its scope's root when that empties)."""
+        del self._ghosts[ghost]
+        self._stats.ghost_tokens -= ghost.size
+        parent = ghost.parent
+        del parent.children[ghost.ids[:4]]
+        if parent.parent is None and not parent.children:
+            del self._roots[parent.scope]
+
+
+def _common_length(ids: bytes, seq: bytes, p: int) -> int:
+    """Leading tokens `ids` (a segment, whose first id matched) shares with `seq` from token `p`: one C call
+    when they agree (the common case), numpy to find where they part."""
+    size = min(len(ids), len(seq) - 4 * p)
+    if seq.startswith(ids if size == len(ids) else ids[:size], 4 * p):
+        return size >> 2
+    ours = np.frombuffer(ids, dtype=np.int32, count=size >> 2)
+    theirs = np.frombuffer(seq, dtype=np.int32, count=size >> 2, offset=4 * p)
+    return int(np.flatnonzero(ours != theirs)[0])
+
+
+def _holds_rows_below(segment: _Segment) -> bool:
+    return any(child.state != GHOST for child in segment.children.values())

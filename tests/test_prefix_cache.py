@@ -1,0 +1,239 @@
+"""The prefix cache's tree on its own (`radix_core.prefix_cache`): lookup of any cached prefix, splits, admission
+on the second sighting, LRU eviction of whole segments under the byte budget, scopes, and what a failed batch
+leaves. Rows hold fake K/V and states that encode their history, so every read checks it gets the right rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radix_core.cached_rows import RowShape
+from radix_core.cascade import concat_ranges
+from radix_core.prefix_cache import GHOST, PENDING, RESIDENT, PrefixCache, cache_budget
+
+SHAPE = RowShape(layers=2, kv_heads=1, head_dim=2, hidden=3, dtype=torch.float64, device=torch.device("cpu"))
+ROW = SHAPE.bytes  # (2 x 2 x 1 x 2 + 3) x 8 = 88 bytes
+
+
+def code(history: np.ndarray) -> float:
+    """A number for a token's history (its sequence up to itself): equal histories, equal codes."""
+    return float(sum((int(t) + 1) * 31.0 ** i for i, t in enumerate(history)) % 1_000_003) + len(history) / 1000
+
+
+def run(cache: PrefixCache, sequences: list[list[int]], scopes=None) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """One batch through `cache`: checks every cached row it reads, then commits its admissions with their codes.
+    Returns (matched lengths, admissions)."""
+    seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+    with cache.lease(np.concatenate(seqs), cu, scopes) as lease:
+        matched = lease.matched.copy()
+        past = lease.past(matched)
+        if past is not None:
+            rows = concat_ranges(past.pair_start, past.pair_end - past.pair_start)  # cached rows, sequence by sequence
+            want = [code(s[:p + 1]) for s, k in zip(seqs, matched) for p in range(k)]
+            for layer in range(SHAPE.layers):
+                k, v = past.kv(layer)
+                np.testing.assert_array_equal(k[rows, 0, 0].numpy(), np.add(want, layer))
+                np.testing.assert_array_equal(v[rows, 0, 1].numpy(), np.add(want, layer + 0.5))
+            np.testing.assert_array_equal(past.states()[rows, 2].numpy(), want)
+        admitted = list(lease.admitted)
+        codes = [code(seqs[s][:p + 1]) for s, start, end in admitted for p in range(start, end)]
+        kept = lease.keep(torch.arange(len(codes)))
+        for layer in range(SHAPE.layers):
+            kept.kv[layer, 0] = torch.tensor(codes, dtype=torch.float64)[:, None, None] + layer
+            kept.kv[layer, 1] = torch.tensor(codes, dtype=torch.float64)[:, None, None] + layer + 0.5
+        kept.states[:] = torch.tensor(codes, dtype=torch.float64)[:, None]
+        lease.commit(kept)
+    check_tree(cache)
+    return matched.tolist(), admitted
+
+
+def segments(cache: PrefixCache):
+    """Every segment below the roots, with the ids from its root to its end."""
+    stack = [(root, np.zeros(0, dtype=np.int64)) for root in cache._roots.values()]
+    while stack:
+        node, history = stack.pop()
+        for child in node.children.values():
+            path = np.concatenate([history, np.frombuffer(child.ids, dtype=np.int32)])
+            yield child, path
+            stack.append((child, path))
+
+
+def check_tree(cache: PrefixCache) -> None:
+    """The invariants between leases: states along paths, byte and ghost counts, K/V of every resident row,
+    recency order (each segment after its descendants)."""
+    stats = cache.stats()
+    resident = ghost = 0
+    for seg, history in segments(cache):
+        assert seg.state in (RESIDENT, GHOST)  # nothing pending between leases
+        assert seg.depth == len(history) - seg.size
+        if seg.state == RESIDENT:
+            resident += seg.size
+            assert seg.parent.state == RESIDENT  # resident segments form a prefix of every path
+            want = [code(history[:p + 1]) for p in range(seg.depth, len(history))]
+            np.testing.assert_array_equal(seg.states[:, 0].numpy(), want)
+            assert seg.kv.is_contiguous() and seg.kv.shape[2] == seg.size
+        else:
+            ghost += seg.size
+            assert seg not in cache._resident
+    assert stats.bytes == resident * ROW <= stats.budget_bytes
+    assert stats.ghost_tokens == ghost <= cache.ghost_limit
+    assert stats.segments == len(cache._resident)
+    for order in (cache._resident, cache._ghosts):
+        place = {seg: i for i, seg in enumerate(order)}
+        for seg in order:
+            if seg.parent in place:
+                assert place[seg.parent] > place[seg]
+
+
+def test_a_prefix_two_sequences_share_is_cached_by_their_batch_and_hit_by_the_next():
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    prompt = list(range(100, 110))
+    matched, admitted = run(cache, [prompt + [1, 2], prompt + [3], prompt + [4, 5, 6]])
+    assert matched == [0, 0, 0] and admitted == [(1, 0, 10)]  # the second sequence sees the prompt again
+    assert cache.stats().bytes == 10 * ROW and cache.stats().ghost_tokens == 2 + 1 + 3
+    matched, admitted = run(cache, [prompt + [7], [9, 9]])
+    assert matched == [10, 0] and admitted == []
+    stats = cache.stats()
+    assert (stats.lookups, stats.lookup_tokens, stats.hit_tokens, stats.inserted_tokens) == (5, 36 + 13, 10, 10)
+
+
+def test_any_cached_prefix_matches_and_a_sequence_leaving_a_segment_splits_it():
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    prompt = list(range(100, 120))
+    run(cache, [prompt + [1], prompt + [2]])
+    assert run(cache, [prompt[:7]])[0] == [7]  # ends inside the segment: no split
+    assert cache.stats().segments == 1
+    assert run(cache, [prompt[:7] + [5, 5]])[0] == [7]  # leaves it: split into 7 + 13 rows, both still cached
+    assert sorted(seg.size for seg in cache._resident) == [7, 13]
+    assert run(cache, [prompt + [3], prompt[:7] + [6]])[0] == [20, 7]
+    assert cache.stats().bytes == 20 * ROW
+
+
+def test_a_history_seen_once_stays_a_ghost_until_seen_again():
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    conversation = [5, 6, 7, 8]
+    assert run(cache, [conversation]) == ([0], [])
+    assert cache.stats().ghost_tokens == 4 and cache.stats().bytes == 0
+    assert run(cache, [conversation + [9, 10]]) == ([0], [(0, 0, 4)])  # the next turn: its history seen twice
+    assert run(cache, [conversation + [9, 10, 11]]) == ([4], [(0, 4, 6)])
+    assert run(cache, [conversation + [9, 10]]) == ([6], [])  # a duplicate: all of it cached
+
+
+def test_duplicates_in_one_batch_are_the_second_sighting():
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    assert run(cache, [[1, 2, 3], [1, 2, 3]]) == ([0, 0], [(1, 0, 3)])
+    assert run(cache, [[1, 2, 3], [1, 2]]) == ([3, 2], [])
+
+
+def test_least_recently_used_segment_is_evicted_whole_and_comes_back_on_its_next_sighting():
+    cache = PrefixCache(SHAPE, 25 * ROW)
+    a, b, c = ([t] * 10 for t in (1, 2, 3))
+    run(cache, [a + [0], a + [9]])
+    run(cache, [b + [0], b + [9]])
+    assert run(cache, [a + [5]])[0] == [10]  # a is now more recent than b
+    run(cache, [c + [0], c + [9]])  # 10 more rows do not fit: b goes, whole
+    stats = cache.stats()
+    assert (stats.evictions, stats.evicted_tokens, stats.bytes) == (1, 10, 20 * ROW)
+    assert run(cache, [a + [5], c + [5]])[0] == [10, 10]
+    assert run(cache, [b + [5]]) == ([0], [(0, 0, 10)])  # b was a ghost: seen again, admitted again
+
+
+def test_a_parent_is_evicted_only_after_its_children():
+    cache = PrefixCache(SHAPE, 16 * ROW)
+    template = [7] * 6
+    run(cache, [template + [1] * 5 + [0], template + [1] * 5 + [9]])  # template + query 1: one 11-row segment
+    run(cache, [template + [2] * 5 + [0], template + [2] * 5 + [9]])  # splits it: template 6, query 1 5, query 2 5
+    assert sorted(seg.size for seg in cache._resident) == [5, 5, 6]
+    run(cache, [[4] * 5 + [0], [4] * 5 + [9]])  # 5 more rows: the older query goes, not the template above both
+    assert run(cache, [template + [1] * 5, template + [2] * 5])[0] == [6, 11]
+    run(cache, [[3] * 12 + [0], [3] * 12 + [9]])  # 12 rows: everything else goes, children before the template
+    assert cache.stats().segments == 1 and run(cache, [template])[0] == [0]
+
+
+def test_an_admission_larger_than_the_budget_is_skipped_without_evicting():
+    cache = PrefixCache(SHAPE, 8 * ROW)
+    run(cache, [[1] * 5 + [0], [1] * 5 + [9]])
+    assert run(cache, [[2] * 20 + [0], [2] * 20 + [9]]) == ([0, 0], [])
+    assert cache.stats().evictions == 0 and run(cache, [[1] * 5])[0] == [5]
+
+
+def test_rows_a_batch_reads_are_not_evicted_for_its_own_admissions():
+    cache = PrefixCache(SHAPE, 12 * ROW)
+    run(cache, [[1] * 10 + [0], [1] * 10 + [9]])
+    matched, admitted = run(cache, [[1] * 10 + [5], [2] * 4 + [0], [2] * 4 + [9]])
+    assert matched == [10, 0, 0] and admitted == []  # the 4 new rows would need the 10 this batch reads
+
+
+def test_scopes_never_share_rows():
+    cache = PrefixCache(SHAPE, 100 * ROW)
+    prompt = [3] * 8
+    run(cache, [prompt + [1], prompt + [2]], scopes=["a", "a"])
+    assert run(cache, [prompt + [4], prompt + [4]], scopes=["a", "b"])[0] == [8, 0]
+    assert run(cache, [prompt + [5]])[0] == [0]  # the shared tree (scope None) is a scope of its own too
+
+
+def test_admissions_of_a_failed_batch_go_back_to_ghosts():
+    cache = PrefixCache(SHAPE, 100 * ROW)
+    ids, cu = np.array([1, 2, 3, 1, 2, 4]), np.array([0, 3, 6])
+    with pytest.raises(RuntimeError, match="device lost"):
+        with cache.lease(ids, cu) as lease:
+            assert lease.admitted == [(1, 0, 2)] and cache.stats().bytes == 2 * ROW
+            raise RuntimeError("device lost")
+    check_tree(cache)
+    assert cache.stats().bytes == 0 and cache.stats().inserted_tokens == 0
+    assert run(cache, [[1, 2, 5]]) == ([0], [(0, 0, 2)])  # still seen: the next sighting admits it
+
+
+def test_ghosts_are_forgotten_oldest_first_past_their_limit():
+    cache = PrefixCache(SHAPE, 100 * ROW, ghost_tokens=10)
+    run(cache, [[1, 1, 1, 1]])
+    run(cache, [[2, 2, 2, 2]])
+    run(cache, [[3, 3, 3, 3]])
+    assert cache.stats().ghost_tokens == 8
+    assert run(cache, [[1, 1, 1, 1]]) == ([0], [])  # forgotten: a first sighting again
+    assert run(cache, [[3, 3, 3, 3]]) == ([0], [(0, 0, 4)])
+
+
+def test_clear_starts_cold():
+    cache = PrefixCache(SHAPE, 100 * ROW)
+    run(cache, [[1, 2], [1, 2]])
+    cache.clear()
+    assert cache.stats() == PrefixCache(SHAPE, 100 * ROW).stats() and run(cache, [[1, 2]]) == ([0], [])
+
+
+def test_random_streams_keep_every_invariant():
+    """Random batches over a small alphabet (many shared prefixes, splits, evictions, ghost trims, two scopes):
+    every read is checked against the codes (`run`) and the tree after every batch (`check_tree`)."""
+    rng = np.random.default_rng(0)
+    stems = [rng.integers(0, 4, 30).tolist() for _ in range(3)]
+    evictions = []
+    for budget, ghosts in ((40, 30), (400, 400)):
+        cache = PrefixCache(SHAPE, budget * ROW, ghost_tokens=ghosts)
+        for _ in range(60):
+            size = int(rng.integers(1, 6))
+            batch = [stems[rng.integers(3)][:rng.integers(1, 31)] + rng.integers(0, 4, rng.integers(0, 5)).tolist()
+                     for _ in range(size)]
+            run(cache, batch, scopes=rng.choice(["x", "y"], size).tolist())
+        stats = cache.stats()
+        assert stats.hit_tokens > 0 and stats.inserted_tokens > 0
+        evictions.append(stats.evictions)
+    assert evictions[0] > 0
+
+
+def test_pending_rows_are_not_read_before_their_batch_commits():
+    cache = PrefixCache(SHAPE, 100 * ROW)
+    ids, cu = np.array([1, 2, 3, 1, 2, 4, 1, 2, 5]), np.array([0, 3, 6, 9])
+    with cache.lease(ids, cu) as lease:
+        assert lease.matched.tolist() == [0, 0, 0]  # the third sequence walks [1, 2] pending, not cached
+        assert lease.admitted == [(1, 0, 2)] and cache._roots[None].children[(1).to_bytes(4, "little")].state == PENDING
+
+
+def test_budget_setting():
+    assert cache_budget("auto", SHAPE) == 256 << 20 and cache_budget(0, SHAPE) == 0
+    for bad in (-1, True, "1GB", 1.5):
+        with pytest.raises(ValueError, match="prefix_cache_bytes must be 'auto', 0"):
+            cache_budget(bad, SHAPE)
+    with pytest.raises(ValueError, match="holds no row"):
+        PrefixCache(SHAPE, ROW - 1)
