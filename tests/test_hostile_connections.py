@@ -45,7 +45,10 @@ class Deployment(GrpcDeployment):
             configs={"keyed": {"auth": {"api_keys_file": str(keys_file)}}},
             probe=lambda channel: tei_pb2_grpc.InfoStub(channel).Info(tei.InfoRequest(), timeout=10),
             keyed=frozenset({"keyed"}))
-        self.http_url = f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
 
 @pytest.fixture(scope="module")

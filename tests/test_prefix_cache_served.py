@@ -36,23 +36,23 @@ def bearer(key: str) -> list[tuple[str, str]]:
 
 
 def checked(keys: ApiKeys, key: str | None) -> tuple[str | None, str | None]:
-    """(refusal, cache scope) of a call presenting `key`, in a context of its own, as each call has."""
+    """(refusal, cache scope) of a call presenting `key`, in a fresh context of its own, as each call has."""
     def call():
         return keys.refusal(bearer(key) if key else []), cache_scope()
-    return contextvars.copy_context().run(call)
+    return contextvars.Context().run(call)
 
 
 # --- the scope of a call (no cluster) -----------------------------------------------------------------------------
 
 def test_each_key_gets_a_digest_of_its_own_as_its_cache_scope():
-    keys = ApiKeys([KEY_A, KEY_B])
+    keys, before = ApiKeys([KEY_A, KEY_B]), cache_scope()
     (refusal_a, scope_a), (refusal_b, scope_b) = checked(keys, KEY_A), checked(keys, KEY_B)
     assert refusal_a is refusal_b is None
     assert scope_a != scope_b and len(scope_a) == len(scope_b) == 2 * SCOPE_DIGEST_BYTES
     assert int(scope_a, 16) >= 0 and KEY_A not in scope_a
     assert checked(ApiKeys([KEY_B, KEY_A]), KEY_A)[1] == scope_a  # another ingress, the same keys: the same scope
     assert checked(ApiKeys([KEY_A, "another-key"]), KEY_A)[1] != scope_a  # keyed with the set of keys
-    assert cache_scope() is None  # the calls' scopes stayed in their own contexts
+    assert cache_scope() == before  # the calls' scopes stayed in their own contexts
 
 
 def test_no_scope_for_a_shared_cache_no_keys_or_a_refused_call():
