@@ -36,10 +36,12 @@ code paths (a 64-token prompt, nothing the workload reads back), then its worklo
 stream, and over its second half alone (the caches start cold: each prompt is computed once on each replica that
 gets it); latency is per request as its client saw it. From the answers' `usage`: N'/N (computed over input
 tokens) and the share of input tokens read from the cache; `misses after a hit` counts the few-shot requests whose
-prompt a replica had already cached for an earlier answer, yet that read nothing from the cache: sent to a replica
-without it (a spill of bounded-load routing) or after an eviction. Every `--sample-s` a thread asks the engine
-replicas for their cache's bytes and budget and their batchers' means (`EngineReplica.info`; each call reaches one
-replica).
+prompt a replica had already cached for an earlier answer, yet that did not read it: sent to a replica without it
+(a spill of bounded-load routing) or after an eviction. Every `--sample-s` a thread asks the engine replicas for
+their cache's bytes and budget and their batchers' means (`EngineReplica.info`; each call reaches one replica).
+`engine CPU s/request` is the CPU time the engine replicas' processes used over the stream, per request: unlike
+throughput, it hardly moves when other people's work shares the machine, so it is the measure of what the cache
+costs where nothing is reused.
 
     python bench/prefix_cache_bench.py [--clients 8] [--few-shot-requests 192] [--no-reuse-requests 64]
 """
@@ -96,6 +98,7 @@ class Run:
     answers: list[Answer]
     samples: list[tuple[float, str, dict]] = field(default_factory=list)  # (time, replica, cache and batcher)
     load: float = 0.0  # the machine's 1-minute load average when the run ended (other people's work included)
+    engine_cpu_s: float = 0.0  # CPU seconds the engine replicas' processes used during the stream
 
 
 def classify(prompt: str, inputs: list[str], which: int | None = None) -> tuple[str, dict, int | None]:
@@ -171,18 +174,32 @@ def run_config(args: dict, requests: list[tuple], warm: list[tuple], clients: in
               len(warm), label)
         samples: list[tuple[float, str, dict]] = []
         sampler = threading.Thread(target=sample, args=(engine, samples, stop, sample_s))
+        cpu_before = replicas_cpu_s(engine)
         start = time.perf_counter()
         sampler.start()
         outcomes = LoadDriver(call, iter(requests)).closed_loop(clients, label=label, total=len(requests))
         seconds = time.perf_counter() - start
         stop.set()
         sampler.join()
+        cpu = sum(replicas_cpu_s(engine).values()) - sum(cpu_before.values())
     check(outcomes, len(requests), label)
     serve.delete("radixserve")
     for answer in answers:
         answer.done -= start
     return Run(seconds, sorted(answers, key=lambda a: a.done), [(t - start, r, s) for t, r, s in samples],
-               os.getloadavg()[0])
+               os.getloadavg()[0], cpu)
+
+
+def replicas_cpu_s(engine, replicas: int = 2, calls: int = 64) -> dict[str, float]:
+    """CPU seconds each engine replica's process has used (`EngineReplica.info`, asked until every replica has
+    answered: each call reaches one)."""
+    seen: dict[str, float] = {}
+    for _ in range(calls):
+        info = engine.info.remote().result(timeout_s=60)
+        seen[info["replica"]] = info["cpu_s"]
+        if len(seen) == replicas:
+            return seen
+    raise RuntimeError(f"info reached {len(seen)} of {replicas} engine replicas in {calls} calls")
 
 
 def check(outcomes, expected: int, label: str) -> None:
@@ -209,7 +226,8 @@ def summary(run: Run) -> dict:
            "items/s": sum(a.items for a in answers) / run.seconds, "input tokens/s": inputs / run.seconds,
            "p50 s": float(np.percentile(latencies, 50)), "p99 s": float(np.percentile(latencies, 99)),
            "N'/N": sum(a.computed_tokens for a in answers) / inputs,
-           "cached share": sum(a.cached_tokens for a in answers) / inputs, "load": run.load}
+           "cached share": sum(a.cached_tokens for a in answers) / inputs,
+           "engine CPU s/request": run.engine_cpu_s / len(answers), "load": run.load}
     if answers and answers[0].prompt is not None:
         row["misses after a hit"] = misses_after_a_hit(answers)
     last = {replica: stats for _, replica, stats in run.samples}  # each replica's latest sample
@@ -230,14 +248,20 @@ def second_half_rate(answers: list[Answer]) -> float:
     return (len(answers) - half) / span if span > 0 else float("nan")
 
 
+def read_prompt(answer: Answer) -> bool:
+    """Whether a few-shot answer read its prompt from the cache: half of it or more in each of its sequences (every
+    prompt starts with the same word, a few tokens every request reads from the cache)."""
+    return answer.cached_tokens >= answer.items * len(LABELS) * PROMPT_TOKENS // 2
+
+
 def misses_after_a_hit(answers: list[Answer]) -> int:
-    """Requests that read nothing from the cache although their prompt had been read from it by an answer that
-    came back before they were sent."""
+    """Requests that did not read their prompt from the cache although an answer that came back before they were
+    sent had read it."""
     first_hit: dict[int, float] = {}
     for a in answers:
-        if a.cached_tokens and a.prompt not in first_hit:
+        if read_prompt(a) and a.prompt not in first_hit:
             first_hit[a.prompt] = a.done
-    return sum(1 for a in answers if not a.cached_tokens and a.done - a.latency_s > first_hit.get(a.prompt, np.inf))
+    return sum(1 for a in answers if not read_prompt(a) and a.done - a.latency_s > first_hit.get(a.prompt, np.inf))
 
 
 def main() -> None:
@@ -289,7 +313,8 @@ def merged(runs: list[Run]) -> dict:
     if len(rows) == 1:
         return rows[0]
     answers = [a for run in runs for a in run.answers]
-    row = summary(Run(sum(run.seconds for run in runs), answers, load=max(run.load for run in runs)))
+    row = summary(Run(sum(run.seconds for run in runs), answers, load=max(run.load for run in runs),
+                      engine_cpu_s=sum(run.engine_cpu_s for run in runs)))
     for key, combine in (("misses after a hit", sum), ("evictions", sum), ("MiB held (max)", max),
                          ("requests/s, 2nd half", np.mean), ("parts per batch", np.mean),
                          ("forward s per batch", np.mean)):  # each run's own (times count from each run's start)
@@ -302,8 +327,8 @@ def merged(runs: list[Run]) -> dict:
 def spill_cost(answers: list[Answer]) -> str:
     """What a request costs with its prompt cached on its replica and without (its first there, a spill, an
     eviction): median rows computed and latency of each kind."""
-    kinds = {"read its prompt from the cache": [a for a in answers if a.cached_tokens],
-             "computed its prompt": [a for a in answers if not a.cached_tokens]}
+    kinds = {"read its prompt from the cache": [a for a in answers if read_prompt(a)],
+             "computed its prompt": [a for a in answers if not read_prompt(a)]}
     rows = {kind: float(np.median([a.computed_tokens for a in found])) for kind, found in kinds.items() if found}
     parts = [f"{len(found)} {kind}: {rows[kind]:.0f} rows computed, {np.median([a.latency_s for a in found]):.2f} s "
              f"(medians)" for kind, found in kinds.items() if found]
@@ -316,7 +341,8 @@ def spill_cost(answers: list[Answer]) -> str:
 def write_report(runs: dict, args, load: dict) -> None:
     rows = {key: merged(value) for key, value in runs.items()}
     columns = ("requests", "requests/s", "requests/s, 2nd half", "items/s", "p50 s", "p99 s", "N'/N", "cached share",
-               "misses after a hit", "evictions", "parts per batch", "forward s per batch", "load")
+               "misses after a hit", "evictions", "parts per batch", "forward s per batch", "engine CPU s/request",
+               "load")
     lines = ["| workload | configuration | " + " | ".join(columns) + " | vs default router | vs no cache |",
              "|" + "---|" * (len(columns) + 4)]
     for (workload, label), r in rows.items():

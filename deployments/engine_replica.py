@@ -33,6 +33,7 @@ import itertools
 import logging
 import math
 import os
+import time
 from typing import Any
 
 import ray
@@ -97,7 +98,8 @@ class EngineReplica:
                 "index_builder": self.batching.index_builder,
                 "max_batch_tokens": self.batching.max_batch_tokens, "torch_threads": torch.get_num_threads(),
                 "computed_tokens": self.computed_tokens, "cached_tokens": self.cached_tokens,
-                "prefix_cache": self._cache_stats(), "batcher": self.batcher.stats.summary()}
+                "prefix_cache": self._cache_stats(), "batcher": self.batcher.stats.summary(),
+                "cpu_s": time.process_time()}  # CPU seconds this replica's process used, all its threads
 
     async def check_health(self) -> None:
         """Serve's health probe: the device must still compute (else Serve replaces the replica); a dead
