@@ -34,6 +34,8 @@ from functools import cached_property
 
 import torch
 
+from radix_core.engine_config import ATTENTION_CHOICES
+
 log = logging.getLogger(__name__)
 
 
@@ -254,9 +256,6 @@ class TritonAttention(AttentionBackend):
     def prefix_blocks(self, q, k, v, blocks, scale):
         return self._attention(q, k, v, blocks.cu_seqlens_q, blocks.key_start, blocks.key_end,
                                blocks.max_seqlen_q, q_rows=blocks.q_rows, causal=False, scale=scale)
-
-
-ATTENTION_CHOICES = ("auto", "torch", "flash", "triton")
 
 
 _FLASH_INSTALL = "pip install 'radixserve[gpu]' (flash-attn-4 with its CUDA 13 CuTe DSL libraries)"

@@ -34,38 +34,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radix_core.chunk_spec import POOLS, ChunkSpec
 from radix_core.errors import RequestError
 from radix_core.prompt_encoding import EncodedBatch, PromptTokenizer
 from radix_core.truncation import SHORTEN_SHARED, char_bound, keep_chars, tokens_at_least
 
-LONG_DOCUMENTS = ("truncate", "chunk")  # what a task does with a document longer than its prompt's room
-_POOL = {  # (scores (C,), each document's first chunk (D,)) -> (D,) scores
-    "max": lambda scores, firsts: np.maximum.reduceat(scores, firsts),
-    "mean": lambda scores, firsts: np.add.reduceat(scores, firsts) / np.diff(np.r_[firsts, len(scores)]),
-    "first": lambda scores, firsts: scores[firsts],
-}
-POOLS = tuple(_POOL)  # how a document's score comes from its chunks' scores
-CHUNK_OUTPUTS = ("pooled", "each")  # one embedding per text (token-weighted mean of its chunks'), or one per chunk
+_POOL = dict(zip(POOLS, (  # (scores (C,), each document's first chunk (D,)) -> (D,) scores
+    lambda scores, firsts: np.maximum.reduceat(scores, firsts),
+    lambda scores, firsts: np.add.reduceat(scores, firsts) / np.diff(np.r_[firsts, len(scores)]),
+    lambda scores, firsts: scores[firsts],
+)))
 SHRINK_ROUNDS = 8  # layings of a document whose chunks re-tokenize past the limit, each with smaller windows
 
 Encode = Callable[[list[str]], EncodedBatch]  # the task's sequences of these documents, cut to the limit
-
-
-@dataclass(frozen=True)
-class ChunkSpec:
-    """How a request cuts its documents: windows of at most `tokens` tokens, `overlap` shared by neighbours, at
-    most `max_chunks` per document; `truncate`, `direction` and `max_document_tokens` as the request's."""
-
-    tokens: int
-    overlap: int
-    max_chunks: int
-    truncate: bool = True
-    direction: str = "right"
-    max_document_tokens: int | None = None
-
-    def overlap_at(self, size: int) -> int:
-        """The overlap of windows of `size` tokens: `overlap`, or its share of a window the limit made smaller."""
-        return self.overlap * size // self.tokens
 
 
 @dataclass(frozen=True)

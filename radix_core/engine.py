@@ -31,7 +31,7 @@ import torch
 
 from radix_core.architectures import Architecture, load_architecture
 from radix_core.attention import fallback_backend, make_backend
-from radix_core.batch import RADIX_CHOICES, BatchLimits, PreparedBatch, prepare_batch
+from radix_core.batch import BatchLimits, PreparedBatch, prepare_batch
 from radix_core.cached_forward import run_with_cache
 from radix_core.cached_rows import RowShape
 from radix_core.engine_config import EngineConfig
@@ -80,26 +80,22 @@ def takes(request: type[TaskRequest]) -> Callable[[M], M]:
 class Engine:
     """Loads a Qwen3 / Qwen2 / Llama / Mistral checkpoint and scores ragged batches of token ids."""
 
-    def __init__(self, arch: Architecture, device: torch.device, dtype: torch.dtype, radix: str,
-                 radix_threshold: float, attention: str, model: str = "", prompts: PromptTokenizer | None = None,
-                 task_config: TaskConfig | None = None, prefix_cache_bytes: int | str = "auto"):
-        if radix not in RADIX_CHOICES:
-            raise ValueError(f"unknown radix mode {radix!r}: choose one of {', '.join(RADIX_CHOICES)}")
-        if not 0.0 <= radix_threshold <= 1.0:
-            raise ValueError(f"radix_threshold is a compression N'/N between 0 and 1, got {radix_threshold}")
+    def __init__(self, arch: Architecture, device: torch.device, dtype: torch.dtype, config: EngineConfig,
+                 model: str = "", prompts: PromptTokenizer | None = None, task_config: TaskConfig | None = None):
+        """`device` and `dtype` as `config` resolves them (`from_pretrained`); `config` checked when it was made."""
         self.arch = arch
         self.device = device
         self.dtype = dtype
-        self.radix = radix
-        self.radix_threshold = radix_threshold
-        self.attention = attention  # as asked for; `backend` is what runs
-        self.backend = make_backend(attention, device, dtype)
+        self.radix = config.radix
+        self.radix_threshold = config.radix_threshold
+        self.attention = config.attention  # as asked for; `backend` is what runs
+        self.backend = make_backend(config.attention, device, dtype)
         self.model = model
         self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one
         self.task_config = task_config or TaskConfig()
         self.mode_costs = static_costs(arch, device, dtype)  # how radix "auto" chooses; warm_up measures them
         shape = RowShape.of(arch, dtype, device)
-        budget = cache_budget(prefix_cache_bytes, shape)
+        budget = cache_budget(config.prefix_cache_bytes, shape)
         self.prefix_cache = PrefixCache(shape, budget) if budget else None  # K/V of prefixes across batches
 
     @classmethod
@@ -114,9 +110,8 @@ class Engine:
         dtype = resolve_dtype(config.dtype, device)
         arch = load_architecture(model, device, dtype)
         task_config = TaskConfig.from_dict(tasks) if isinstance(tasks, Mapping) else tasks
-        return cls(arch, device, dtype, config.radix, config.radix_threshold, config.attention, model=model,
-                   prompts=load_prompt_tokenizer(model), task_config=task_config,
-                   prefix_cache_bytes=config.prefix_cache_bytes)
+        return cls(arch, device, dtype, config, model=model, prompts=load_prompt_tokenizer(model),
+                   task_config=task_config)
 
     @property
     def info(self) -> dict:

@@ -4,17 +4,18 @@
     engine = Engine.from_pretrained(model, radix="full")  # the same: its fields as keywords
 
 The server takes the same object from its YAML (`engine:` in `serve_config.yaml`), so each default is written
-here once. The choice lists are the modules' that use them (`radix_core.batch`, `radix_core.attention`).
+here once, and so are the choices of each setting: the modules that run them (`radix_core.batch`,
+`radix_core.mode_cost`, `radix_core.attention`, `radix_core.prefix_cache`) import them from here. This module
+imports nothing heavy, so the server checks its configuration before torch is loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radix_core.attention import ATTENTION_CHOICES
-from radix_core.batch import RADIX_CHOICES
-from radix_core.prefix_cache import check_budget
-
+MODES = ("off", "mlp", "full")  # the order `auto` breaks ties in: the simpler mode first
+RADIX_CHOICES = ("auto", *MODES)
+ATTENTION_CHOICES = ("auto", "torch", "flash", "triton")
 DEFAULT_RADIX_THRESHOLD = 1.0  # the cost model decides every batch with any sharing
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -49,7 +50,14 @@ class EngineConfig:
             _check_choice("dtype", self.dtype, DTYPE_CHOICES)
         if not 0.0 <= self.radix_threshold <= 1.0:
             raise ValueError(f"radix_threshold is a compression N'/N between 0 and 1, got {self.radix_threshold}")
-        check_budget(self.prefix_cache_bytes)
+        check_cache_budget(self.prefix_cache_bytes)
+
+
+def check_cache_budget(setting: int | str) -> None:
+    """Raise a `ValueError` naming `prefix_cache_bytes` unless it is "auto" or a whole number of bytes, 0 or more."""
+    if setting != "auto" and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 0):
+        raise ValueError(f"prefix_cache_bytes must be 'auto', 0 (no prefix cache) or a whole number of bytes; got "
+                         f"{setting!r}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

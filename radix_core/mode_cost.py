@@ -37,9 +37,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from radix_core.cascade import CascadePlan
+from radix_core.engine_config import MODES
 from radix_core.index import RadixIndex
 
-MODES = ("off", "mlp", "full")  # the order ties are broken in: the simpler mode first
 FLOPS_PER_BYTE = {"cpu": 10.0}  # matmul FLOPs a device does in the time it moves one byte; others: the next
 ACCELERATOR_FLOPS_PER_BYTE = 200.0  # an H100: ~700 TFLOP/s of bf16 matmul against ~3.3 TB/s of memory
 MERGE_PASSES = 8  # float32 passes over a merged row's (heads, head_dim): gather, weights, scale, add, divide

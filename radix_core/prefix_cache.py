@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from radix_core.cached_rows import CachedPrefix, KeptRows, RowShape
+from radix_core.engine_config import check_cache_budget
 
 RESIDENT, PENDING, GHOST = "resident", "pending", "ghost"
 DEFAULT_CPU_BYTES = 256 << 20  # on the CPU: 14,563 rows of the bench preset, 1,149 of Qwen3-0.6B in float32
@@ -61,17 +62,10 @@ GPU_FREE_SHARE = 0.3  # on CUDA: this share of the device memory free once the w
 GHOST_FACTOR = 4  # ghost tokens remembered, per row the budget holds
 
 
-def check_budget(setting: int | str) -> None:
-    """Raise a `ValueError` naming `prefix_cache_bytes` unless it is "auto" or a whole number of bytes, 0 or more."""
-    if setting != "auto" and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 0):
-        raise ValueError(f"prefix_cache_bytes must be 'auto', 0 (no prefix cache) or a whole number of bytes; got "
-                         f"{setting!r}")
-
-
 def cache_budget(setting: int | str, shape: RowShape) -> int:
     """The budget in bytes for `prefix_cache_bytes`: "auto" is `DEFAULT_CPU_BYTES` on the CPU and
     `GPU_FREE_SHARE` of the free device memory on CUDA; 0 turns the cache off."""
-    check_budget(setting)
+    check_cache_budget(setting)
     if setting != "auto":
         return setting
     if shape.device.type != "cuda":

@@ -6,32 +6,30 @@ A request is served in halves so it can be encoded in another process and batche
 it into token-bounded parts, `Engine.run_jobs` runs the parts of many requests as one forward batch and
 finishes each from its `BatchView` (`radix_core.finish`), and `Task.merge` joins a request's parts into its typed
 result with `Usage`. `Engine` exposes each task as a method that runs one request alone.
+
+The names below load their module when first used (PEP 562): `radix_core.tasks.config` is read by the
+server's configuration check without the tokenizer's imports.
 """
 
-from radix_core.tasks.base import HeadQuery, Task, TaskJob
-from radix_core.tasks.config import TaskConfig
-from radix_core.tasks.context import TaskContext, load_task_context
-from radix_core.tasks.embed import EmbedJob, EmbedRequest, EmbedResult
-from radix_core.tasks.predict import LabelScore, PredictJob, PredictRequest, PredictResult
-from radix_core.tasks.registry import ALL_TASKS, TASKS, task_for, task_of
-from radix_core.tasks.request import TaskRequest
-from radix_core.tasks.rerank import RerankHit, RerankJob, RerankRequest, RerankResult
-from radix_core.tasks.scoring import (
-    ClassifyJob,
-    ClassifyRequest,
-    ClassifyResult,
-    ContinuationScore,
-    ScoreJob,
-    ScoreRequest,
-    ScoreResult,
-)
-from radix_core.tasks.usage import Usage
-from radix_core.tasks.view import BatchView
+from __future__ import annotations
 
-__all__ = [
-    "ALL_TASKS", "TASKS", "BatchView", "ClassifyJob", "ClassifyRequest", "ClassifyResult", "ContinuationScore",
-    "EmbedJob", "EmbedRequest", "EmbedResult", "HeadQuery", "LabelScore", "PredictJob", "PredictRequest",
-    "PredictResult", "RerankHit", "RerankJob", "RerankRequest", "RerankResult", "ScoreJob", "ScoreRequest",
-    "ScoreResult", "Task", "TaskConfig", "TaskContext", "TaskJob", "TaskRequest", "Usage", "load_task_context",
-    "task_for", "task_of",
-]
+import importlib
+
+_HOMES = {
+    **dict.fromkeys(("HeadQuery", "Task", "TaskJob"), "base"), "TaskConfig": "config",
+    **dict.fromkeys(("TaskContext", "load_task_context"), "context"),
+    **dict.fromkeys(("EmbedJob", "EmbedRequest", "EmbedResult"), "embed"),
+    **dict.fromkeys(("LabelScore", "PredictJob", "PredictRequest", "PredictResult"), "predict"),
+    **dict.fromkeys(("ALL_TASKS", "TASKS", "task_for", "task_of"), "registry"), "TaskRequest": "request",
+    **dict.fromkeys(("RerankHit", "RerankJob", "RerankRequest", "RerankResult"), "rerank"),
+    **dict.fromkeys(("ClassifyJob", "ClassifyRequest", "ClassifyResult", "ContinuationScore", "ScoreJob",
+                     "ScoreRequest", "ScoreResult"), "scoring"),
+    "Usage": "usage", "BatchView": "view",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'radix_core.tasks' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"radix_core.tasks.{_HOMES[name]}"), name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from radix_core.chunking import CHUNK_OUTPUTS, LONG_DOCUMENTS, POOLS, ChunkSpec
+from radix_core.chunk_spec import CHUNK_OUTPUTS, LONG_DOCUMENTS, POOLS, ChunkSpec
 from radix_core.errors import RequestError
 from radix_core.templates import Template, template_from_dict
 

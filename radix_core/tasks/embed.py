@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from radix_core.chunking import CHUNK_OUTPUTS, LONG_DOCUMENTS, Chunks, chunk_documents, token_weighted_means
+from radix_core.chunk_spec import CHUNK_OUTPUTS, LONG_DOCUMENTS
+from radix_core.chunking import Chunks, chunk_documents, token_weighted_means
 from radix_core.errors import RequestError
 from radix_core.prompt_encoding import EncodedBatch
 from radix_core.tasks.base import Task, TaskJob, naming_items

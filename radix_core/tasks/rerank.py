@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from radix_core.chunking import LONG_DOCUMENTS, POOLS, Chunks, chunk_documents, pool_scores
+from radix_core.chunk_spec import LONG_DOCUMENTS, POOLS
+from radix_core.chunking import Chunks, chunk_documents, pool_scores
 from radix_core.errors import RequestError
 from radix_core.prompt_encoding import EncodedBatch
 from radix_core.tasks.base import HeadQuery, Task, TaskJob, naming_items
