@@ -118,6 +118,16 @@ def test_the_client_package_imports_no_server_module():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
+
+def test_the_config_check_loads_neither_torch_nor_transformers(tmp_path):
+    """The launcher checks the configuration before Ray starts, in a fraction of a second: the config types and
+    the packages' `__init__`s they pass through import nothing heavy."""
+    path = write_config(tmp_path / "c.yaml", 1, 2, tasks={"max_items": 64}, engine={"radix": "full"})
+    code = (f"import sys; from deployments import launcher; launcher.load_config({str(path)!r}); "
+            "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
+
 # --- on a local Ray -------------------------------------------------------------------------------------------------
 
 @pytest.mark.serve
