@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radix_core.chunk_spec import POOLS, ChunkSpec
-from radix_core.errors import RequestError
+from radix_core.errors import Items, RequestError
 from radix_core.prompt_encoding import EncodedBatch, PromptTokenizer
 from radix_core.truncation import SHORTEN_SHARED, char_bound, keep_chars, tokens_at_least
 
@@ -75,24 +75,24 @@ class _Cuts:
 
 
 def chunk_documents(prompts: PromptTokenizer, documents: Sequence[str], spec: ChunkSpec, encode: Encode, limit: int,
-                    max_items: int, what: str = "document", trust: bool = False) -> tuple[Chunks, EncodedBatch]:
+                    max_items: int, items: Items, trust: bool = False) -> tuple[Chunks, EncodedBatch]:
     """The chunks of `documents` and their sequences (`encode` of their texts), each within `limit` tokens; at
-    most `max_items` chunks in all. `trust`: special-token literals in the documents are special (the task
-    config's `special_tokens_in_user_text`)."""
+    most `max_items` chunks in all; errors name document d as item d of `items`. `trust`: special-token literals
+    in the documents are special (the task config's `special_tokens_in_user_text`)."""
     empty = encode([""])
     fixed = len(empty.sequences[0])  # the prompt's own tokens
     window = min(spec.tokens, limit - fixed)
     if window < 1:
-        raise RequestError(f"the prompt without a {what} already has {fixed} tokens; the limit is {limit}",
+        raise RequestError(f"the prompt without a {items.noun} already has {fixed} tokens; the limit is {limit}",
                            SHORTEN_SHARED, limit=limit)
-    cuts = _document_cuts(prompts, documents, spec, window, what, trust)
+    cuts = _document_cuts(prompts, documents, spec, window, items, trust)
     sizes = [window] * len(documents)
     laid: dict[int, list[tuple[int, int]]] = {}
     sequences: dict[int, list[list[int]]] = {}
     pending = list(range(len(documents)))
     for attempt in range(SHRINK_ROUNDS):
-        laid.update({d: _windows_of(cuts[d], sizes[d], spec, d, what) for d in pending})
-        _check_total(sum(len(w) for w in laid.values()), max_items, what)
+        laid.update({d: _windows_of(cuts[d], sizes[d], spec, d, items) for d in pending})
+        _check_total(sum(len(w) for w in laid.values()), max_items, items)
         texts = [documents[d][cuts[d].chars[i]:cuts[d].chars[j]] for d in pending for i, j in laid[d]]
         batch, first = encode(texts), 0
         for d in list(pending):
@@ -101,14 +101,14 @@ def chunk_documents(prompts: PromptTokenizer, documents: Sequence[str], spec: Ch
                 sequences[d] = batch.sequences[first:first + count]
                 pending.remove(d)
             elif sizes[d] == 1:
-                raise _unfit(what, d, limit)
+                raise _unfit(items, d, limit)
             else:  # a chunk re-tokenized past the limit: smaller windows, by a step that doubles each round
                 sizes[d] = max(1, sizes[d] - (max(1, sizes[d] // 32) << attempt))
             first += count
         if not pending:
             break
     if pending:
-        raise _unfit(what, pending[0], limit)
+        raise _unfit(items, pending[0], limit)
     ordered = [s for d in range(len(documents)) for s in sequences[d]]
     return _chunks(cuts, laid), EncodedBatch(empty.shared_ids, ordered, [False] * len(ordered))
 
@@ -143,7 +143,7 @@ def token_weighted_means(vectors: np.ndarray, chunks: Chunks) -> np.ndarray:
     return (sums / np.add.reduceat(weights, chunks.firsts)).astype(vectors.dtype)
 
 
-def _document_cuts(prompts: PromptTokenizer, documents: Sequence[str], spec: ChunkSpec, window: int, what: str,
+def _document_cuts(prompts: PromptTokenizer, documents: Sequence[str], spec: ChunkSpec, window: int, items: Items,
                    trust: bool) -> list[_Cuts]:
     """Each document's cuts, within `max_document_tokens` and the tokens its `max_chunks` windows can cover. Text
     beyond the character bound of those tokens is cut before tokenizing; without `truncate` a document over the
@@ -155,7 +155,7 @@ def _document_cuts(prompts: PromptTokenizer, documents: Sequence[str], spec: Chu
     for d, document in enumerate(documents):
         at_least = tokens_at_least(len(document), prompts.chars_per_token, reach)
         if at_least and not spec.truncate and (cap is None or cap > reach):
-            raise _too_many_chunks(spec, d, what, f"has at least {at_least} tokens, more than {spec.max_chunks} "
+            raise _too_many_chunks(spec, d, items, f"has at least {at_least} tokens, more than {spec.max_chunks} "
                                    f"chunks of {window} tokens cover")
         kept.append(keep_chars(document, bound, spec.direction))
     encodings = prompts.encodings(kept, add_special_tokens=False, trust=trust)
@@ -180,7 +180,7 @@ def _cuts(offsets: list[tuple[int, int]], length: int, shift: int, cap: int | No
     return _Cuts(tokens, chars + shift)
 
 
-def _windows_of(cuts: _Cuts, size: int, spec: ChunkSpec, index: int, what: str) -> list[tuple[int, int]]:
+def _windows_of(cuts: _Cuts, size: int, spec: ChunkSpec, index: int, items: Items) -> list[tuple[int, int]]:
     """The windows of one document as index pairs into its cuts, in document order, from its start (or end), at
     most `max_chunks` of them with `truncate`."""
     overlap = spec.overlap_at(size)
@@ -192,7 +192,7 @@ def _windows_of(cuts: _Cuts, size: int, spec: ChunkSpec, index: int, what: str) 
         windows = [(last - j, last - i) for i, j in lay_windows(mirrored, size, overlap)]
     if len(windows) > spec.max_chunks:
         if not spec.truncate:
-            raise _too_many_chunks(spec, index, what, f"needs {len(windows)} chunks of at most {size} tokens")
+            raise _too_many_chunks(spec, index, items, f"needs {len(windows)} chunks of at most {size} tokens")
         windows = windows[:spec.max_chunks]
     return sorted(windows)
 
@@ -205,22 +205,21 @@ def _chunks(cuts: list[_Cuts], laid: dict[int, list[tuple[int, int]]]) -> Chunks
                   np.array(tokens, dtype=np.int64))
 
 
-def _check_total(total: int, max_items: int, what: str) -> None:
+def _check_total(total: int, max_items: int, items: Items) -> None:
     if total > max_items:
-        raise RequestError.about("max_chunks_per_document", f"lets the {what}s make {total} chunks in all, more than "
-                                 f"the limit of {max_items} sequences per call", f"lower it, send fewer or shorter "
-                                 f"{what}s, or raise max_items in the task config", limit=max_items)
+        raise RequestError.about("max_chunks_per_document", f"lets the {items.noun}s make {total} chunks in all, "
+                                 f"more than the limit of {max_items} sequences per call", f"lower it, send fewer "
+                                 f"or shorter {items.noun}s, or raise max_items in the task config", limit=max_items)
 
 
-def _unfit(what: str, index: int, limit: int) -> RequestError:
-    return RequestError(f"{what} {index} cannot be cut into chunks that fit the limit of {limit} tokens beside the "
-                        "prompt: its chunks re-tokenize to more, or one character takes more tokens than fit",
-                        "raise the per-item limit or shorten the shared part (query, instruction)", index=index,
-                        limit=limit)
+def _unfit(items: Items, index: int, limit: int) -> RequestError:
+    return items.error(index, f" cannot be cut into chunks that fit the limit of {limit} tokens beside the prompt: "
+                       "its chunks re-tokenize to more, or one character takes more tokens than fit",
+                       "raise the per-item limit or shorten the shared part (query, instruction)", limit=limit)
 
 
-def _too_many_chunks(spec: ChunkSpec, index: int, what: str, how: str) -> RequestError:
+def _too_many_chunks(spec: ChunkSpec, index: int, items: Items, how: str) -> RequestError:
     side = "first" if spec.direction == "right" else "last"
-    return RequestError.about("max_chunks_per_document", f"is {spec.max_chunks}, but {what} {index} {how}",
+    return RequestError.about("max_chunks_per_document", f"is {spec.max_chunks}, but {items.noun} {index} {how}",
                               f"raise it, or allow truncate to score its {side} {spec.max_chunks} chunks",
                               limit=spec.max_chunks)

@@ -16,6 +16,7 @@ transport whose clients call the field otherwise renames it from a table, never 
 
     err.renamed({"documents": "texts"})                                              # "texts[2] is empty"
     err.renamed({"texts": FieldName("inputs", item=lambda i: "inputs")})             # one text per message
+    raise Items("documents", "document").error(2, " gives a sequence of 900 tokens")  # "document 2 gives ..."
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ class FieldName:
         if index is None:
             return self.whole or self.field
         return self.item(index) if self.item is not None else f"{self.field}[{index}]"
+
+
+@dataclass(frozen=True)
+class Items:
+    """A request's list field as messages name one of its items: item 2 of `documents` is "document 2" (`noun`
+    and index) in the text, and index 2 of `documents` by structure, so a transport renames it from its table
+    like any field. The tokenizer's checks (`radix_core.prompt_encoding`, `truncation`, `chunking`) take one."""
+
+    field: str
+    noun: str
+
+    def error(self, index: int, rest: str, fix: str | None = None, *, limit: int | None = None) -> RequestError:
+        """The error whose message is item `index`'s name, then `rest` (" gives a sequence of ...", or ": the
+        prompt ..."), then the `fix`."""
+        name = FieldName(self.field, item=lambda i: f"{self.noun} {i}")
+        return RequestError._named(self.field, "", rest, fix, index, limit, name)
 
 
 FieldNames = Mapping[str, "str | FieldName"]  # library field -> the transport's name (a str: the field renamed)
@@ -74,15 +91,6 @@ class RequestError(ValueError):
         err = cls(f"{lead}{name.name(index)}{rest}", fix, field=field, index=index, limit=limit)
         err.named = (lead, rest)
         return err
-
-    def naming(self, field: str, name: FieldName) -> RequestError:
-        """This error, raised where item `index` of `field` was written into the message as `name` writes it
-        ("document 1 gives a sequence of ..."), as one that names it by structure, with the same message; itself
-        when it names no item so. The bridge for raise sites that predate `about` (the tokenizer's)."""
-        shown = None if self.named is not None or self.index is None else name.name(self.index)
-        if shown is None or not self.problem.startswith(shown):
-            return self
-        return RequestError._named(field, "", self.problem[len(shown):], self.fix, self.index, self.limit, name)
 
     def renamed(self, names: FieldNames) -> RequestError:
         """The same error in a transport's field names: `names` maps a library field to the transport's (a str, or

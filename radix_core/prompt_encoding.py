@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 from radix_core import tokenizer_probe
 from radix_core.architectures import model_load_error
 from radix_core.continuations import EncodedContinuations, check_pair_chars, encode_rows
-from radix_core.errors import RequestError
+from radix_core.errors import Items, RequestError
 from radix_core.special_tokens import MarkedText, MarkedTokenizer
 from radix_core.split_points import first_safe_point, last_safe_point
 from radix_core.templates import PromptParts, user_text
@@ -73,32 +73,33 @@ class PromptTokenizer(MarkedTokenizer):
         return self._chars_per_token
 
     def encode_prompts(self, parts: PromptParts, limit: int, truncate: bool, end_ids: Sequence[int] = (),
-                       what: str = "item", *, special_tokens_in_user_text: bool = False,
+                       items: Items = Items("items", "item"), *, special_tokens_in_user_text: bool = False,
                        truncation_direction: str = "right", max_item_tokens: int | None = None) -> EncodedBatch:
         """`leading + encode(shared + varying[i] + suffix) + end_ids` per item, equal to encoding the whole
-        string, with the shared part's ids computed once. See `_encode_layout` for `limit`, `truncate`,
-        `truncation_direction` ("right" or "left") and `max_item_tokens`."""
+        string, with the shared part's ids computed once; errors name item i of `items`. See `_encode_layout`
+        for `limit`, `truncate`, `truncation_direction` ("right" or "left") and `max_item_tokens`."""
         trust = special_tokens_in_user_text
         shared, suffix = self.mark(parts.shared, trust), self.mark(parts.suffix, trust)
-        check_shared_chars(len(shared.text) + len(suffix.text), self._chars_per_token, limit, what)
+        check_shared_chars(len(shared.text) + len(suffix.text), self._chars_per_token, limit, items)
         k = last_safe_point(shared, self._clean_specials, self._newline_safe)
         m = first_safe_point(suffix, self._clean_specials, self._newline_safe)
         shared_ids, suffix_ids = self.encode_marked([shared.cut(0, k), suffix.cut(m)], trust)
         layout = _Layout(self.leading_ids + shared_ids, shared.cut(k), suffix.cut(0, m), suffix_ids + list(end_ids))
-        return self._encode_layout(layout, parts.varying, limit, truncate, what, trust, truncation_direction,
+        return self._encode_layout(layout, parts.varying, limit, truncate, items, trust, truncation_direction,
                                    max_item_tokens)
 
-    def encode_pairs(self, first: str, seconds: Sequence[str], limit: int, truncate: bool, what: str = "item", *,
+    def encode_pairs(self, first: str, seconds: Sequence[str], limit: int, truncate: bool,
+                     items: Items = Items("items", "item"), *,
                      special_tokens_in_user_text: bool = False, truncation_direction: str = "right",
                      max_item_tokens: int | None = None) -> EncodedBatch:
         """`tokenizer(first, seconds[i])` per item (the pair's special tokens included); truncation cuts
         `seconds[i]` (see `_encode_layout`). Both texts are the user's."""
         trust = special_tokens_in_user_text
-        check_shared_chars(len(first), self._chars_per_token, limit, what)
+        check_shared_chars(len(first), self._chars_per_token, limit, items)
         lead, mid, tail = self._pair_affixes
         (first_ids,) = self.encode_marked([self.mark(user_text(first), trust)], trust)
         layout = _Layout(lead + first_ids + mid, MarkedText(""), MarkedText(""), tail)
-        return self._encode_layout(layout, seconds, limit, truncate, what, trust, truncation_direction,
+        return self._encode_layout(layout, seconds, limit, truncate, items, trust, truncation_direction,
                                    max_item_tokens)
 
     def encode_continuations(self, parts: PromptParts, continuations: Sequence[str], limit: int,
@@ -117,27 +118,27 @@ class PromptTokenizer(MarkedTokenizer):
         contexts = [shared.cut(k) + self.mark(user_text(text), trust) + suffix for text in parts.varying]
         return encode_rows(self, self.leading_ids + shared_ids, contexts, continuations, trust)
 
-    def encode_user(self, texts: Sequence[str], add_special_tokens: bool, limit: int, what: str = "texts",
+    def encode_user(self, texts: Sequence[str], add_special_tokens: bool, limit: int, field: str = "texts",
                     trust: bool = False) -> list[Encoding]:
         """Encodings (ids, tokens, offsets) of user texts as the tasks encode them: special-token literals as plain
         text unless `trust` (`special_tokens_in_user_text`); the tokenizer's own affixes with `add_special_tokens`.
 
         Each text is bounded as a task's item is: more than `limit` tokens (affixes included) raises a RequestError
-        naming `what[i]` and the limit, and a text over the character bound of `limit` is refused by its length
+        naming `field[i]` and the limit, and a text over the character bound of `limit` is refused by its length
         before anything is tokenized, so a huge text costs no tokenizing."""
         for i, text in enumerate(texts):
             at_least = tokens_at_least(len(text), self._chars_per_token, limit)
             if at_least:
-                raise RequestError(f"{what}[{i}] has at least {at_least} tokens; the limit is {limit} per text",
-                                   "shorten it or split it", field=what, index=i, limit=limit)
+                raise RequestError.about(field, f"has at least {at_least} tokens; the limit is {limit} per text",
+                                         "shorten it or split it", index=i, limit=limit)
         encodings = self.encodings(texts, add_special_tokens, trust)
         for i, encoding in enumerate(encodings):
             if len(encoding.ids) > limit:
-                raise RequestError(f"{what}[{i}] has {len(encoding.ids)} tokens; the limit is {limit} per text",
-                                   "shorten it or split it", field=what, index=i, limit=limit)
+                raise RequestError.about(field, f"has {len(encoding.ids)} tokens; the limit is {limit} per text",
+                                         "shorten it or split it", index=i, limit=limit)
         return encodings
 
-    def _encode_layout(self, layout: _Layout, varying: Sequence[str], limit: int, truncate: bool, what: str,
+    def _encode_layout(self, layout: _Layout, varying: Sequence[str], limit: int, truncate: bool, items: Items,
                        trust: bool, direction: str, max_item_tokens: int | None) -> EncodedBatch:
         """Sequences of `layout` with at most `limit` tokens each. A varying text of more than `max_item_tokens`
         tokens of its own is cut to that many first. A longer sequence raises a RequestError naming the item, its
@@ -166,10 +167,10 @@ class PromptTokenizer(MarkedTokenizer):
             if too_long and not truncate:
                 at_least = tokens_at_least(len(text if capped[i] else varying[i]), self._chars_per_token, limit)
                 count = f"at least {fixed + at_least}" if at_least else f"{fixed + len(middle)}"
-                raise RequestError(f"{what} {i} gives a sequence of {count} tokens; the limit is {limit}",
-                                   "shorten it or pass truncate=True", index=i, limit=limit)
+                raise items.error(i, f" gives a sequence of {count} tokens; the limit is {limit}",
+                                  "shorten it or pass truncate=True", limit=limit)
             if too_long:
-                middle = fit(text, middle, limit, fixed, in_layout, offsets, direction, i, what)
+                middle = fit(text, middle, limit, fixed, in_layout, offsets, direction, i, items)
             sequences.append(layout.shared_ids + middle + layout.suffix_ids)
             truncated.append(too_long or capped[i])
         return EncodedBatch(layout.shared_ids, sequences, truncated)

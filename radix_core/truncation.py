@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from radix_core.errors import RequestError
+from radix_core.errors import Items
 
 SHORTEN_SHARED = "shorten the shared part (query, instruction) or raise the limit"
 
@@ -43,25 +43,25 @@ def keep_chars(text: str, bound: int | None, direction: str) -> str:
     return text[:bound] if direction == "right" else text[len(text) - bound:]
 
 
-def check_shared_chars(chars: int, chars_per_token: int | None, limit: int, what: str) -> None:
+def check_shared_chars(chars: int, chars_per_token: int | None, limit: int, items: Items) -> None:
     """Refuse, before tokenizing it, a shared part (query, instruction) of `chars` characters too long for any
     item to fit."""
     at_least = tokens_at_least(chars, chars_per_token, limit)
     if at_least:
-        raise RequestError(f"{what} 0: the prompt without it already has at least {at_least} tokens; the "
-                           f"limit is {limit}", SHORTEN_SHARED, index=0, limit=limit)
+        raise items.error(0, f": the prompt without it already has at least {at_least} tokens; the limit is "
+                          f"{limit}", SHORTEN_SHARED, limit=limit)
 
 
 def fit(text: str, middle: list[int], limit: int, fixed: int, encode: Encode, offsets: Offsets, direction: str,
-        index: int, what: str) -> list[int]:
+        index: int, items: Items) -> list[int]:
     """`encode(piece)` for the longest `piece` of `text` (`cut`) that keeps the sequence, with its `fixed` ids
     around the middle, within `limit`; `middle` is `encode(text)`. The empty piece is checked to fit first: when
-    the prompt without the text is over the limit, a RequestError names item `index` of `what`."""
+    the prompt without the text is over the limit, its error names item `index` of `items`."""
     budget = limit - fixed
     empty = encode("")
     if len(empty) > budget:
-        raise RequestError(f"{what} {index}: the prompt without it already has {fixed + len(empty)} tokens; "
-                           f"the limit is {limit}", SHORTEN_SHARED, index=index, limit=limit)
+        raise items.error(index, f": the prompt without it already has {fixed + len(empty)} tokens; the limit "
+                          f"is {limit}", SHORTEN_SHARED, limit=limit)
     return cut(text, middle, budget, encode, offsets, direction)[1]
 
 

@@ -110,13 +110,13 @@ def test_tokenize_bounds_each_text_by_the_token_limit_before_tokenizing_it():
     exact count; within it: the encodings, affixes included."""
     prompts, counters = counted(make_tiny_tokenizer())
     with pytest.raises(ValueError, match=r"^inputs\[1\] has at least \d+ tokens; the limit is 100 per text: "):
-        prompts.encode_user(["short", "word " * 400_000], True, 100, what="inputs")
+        prompts.encode_user(["short", "word " * 400_000], True, 100, field="inputs")
     assert sum(c.chars for c in counters) == 0
     text = "radix tree " * 100
     with pytest.raises(ValueError, match=rf"^inputs\[0\] has {len(prompts.encode(text))} tokens; the limit is 100 "
                                          r"per text: "):
-        prompts.encode_user([text], False, 100, what="inputs")
-    (short,) = prompts.encode_user(["a radix tree"], False, 100, what="inputs")
+        prompts.encode_user([text], False, 100, field="inputs")
+    (short,) = prompts.encode_user(["a radix tree"], False, 100, field="inputs")
     assert short.ids == prompts.encode("a radix tree")
 
 

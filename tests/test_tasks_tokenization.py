@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from radix_core.prompt_encoding import PromptTokenizer
+from radix_core.tasks.rerank import DOCUMENTS
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER, PromptParts, classify_parts
 from radix_core.tiny_models import CORPUS_PATH, make_tiny_tokenizer
 
@@ -239,13 +240,13 @@ def test_max_item_tokens_cuts_each_text_to_that_many_of_its_own_tokens(tokenizer
 def test_too_long_without_truncation_names_item_length_and_limit(prompts):
     parts = QWEN3_RERANKER.parts("q", ["short", "word " * 100])
     with pytest.raises(ValueError, match=r"document 1 gives a sequence of \d+ tokens; the limit is 90"):
-        prompts.encode_prompts(parts, 90, truncate=False, what="document")
+        prompts.encode_prompts(parts, 90, truncate=False, items=DOCUMENTS)
 
 
 def test_prefix_alone_over_the_limit_raises_even_with_truncation(prompts):
     parts = QWEN3_RERANKER.parts("a very long query " * 20, ["doc"])
     with pytest.raises(ValueError, match=r"document 0: the prompt without it already has \d+ tokens; the limit is 100"):
-        prompts.encode_prompts(parts, 100, truncate=True, what="document")
+        prompts.encode_prompts(parts, 100, truncate=True, items=DOCUMENTS)
 
 
 class CountingTokenizer:
@@ -306,7 +307,7 @@ def test_huge_document_without_truncation_names_a_lower_bound(tokenizer):
     huge = "word " * 400_000
     with pytest.raises(ValueError, match=r"document 1 gives a sequence of at least (\d+) tokens; the limit is 100: "
                                          r"shorten it or pass truncate=True") as err:
-        prompts.encode_prompts(QWEN3_RERANKER.parts("q", ["short", huge]), 100, truncate=False, what="document")
+        prompts.encode_prompts(QWEN3_RERANKER.parts("q", ["short", huge]), 100, truncate=False, items=DOCUMENTS)
     assert int(re.search(r"at least (\d+)", str(err.value))[1]) <= len(tokenizer(huge)["input_ids"])
     assert sum(c.chars for c in counters) < 10 * prompts._char_bound(100)
 
@@ -328,7 +329,7 @@ def test_huge_query_is_refused_before_it_is_tokenized(tokenizer):
     prompts, counters = counted(tokenizer)
     for truncate in (True, False):
         with pytest.raises(ValueError, match=r"document 0: the prompt without it already has at least \d+ tokens"):
-            prompts.encode_prompts(QWEN3_RERANKER.parts("q " * 400_000, ["d"]), 100, truncate, what="document")
+            prompts.encode_prompts(QWEN3_RERANKER.parts("q " * 400_000, ["d"]), 100, truncate, items=DOCUMENTS)
         with pytest.raises(ValueError, match=r"document 0: the prompt without it already has at least \d+ tokens"):
-            prompts.encode_pairs("q " * 400_000, ["d"], 100, truncate, what="document")
+            prompts.encode_pairs("q " * 400_000, ["d"], 100, truncate, items=DOCUMENTS)
     assert sum(c.chars for c in counters) == 0

@@ -246,7 +246,7 @@ def _tokens(context: TaskContext, texts: list[str], add_special_tokens: bool,
     tei_fields.check_prompt_name(prompt_name)
     check_items("inputs", texts, context.config.max_items)
     prompts = context.prompt_tokenizer()
-    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, what="inputs",
+    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, field="inputs",
                                     trust=context.config.special_tokens_in_user_text)
     special = set(prompts.tokenizer.all_special_ids)
     out = []

@@ -16,15 +16,14 @@ A job holds token ids (`TokenSequences`), never text the engine would tokenize a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from radix_core.continuations import EncodedContinuations, continuation_name
-from radix_core.errors import FieldName, RequestError
+from radix_core.errors import RequestError
 from radix_core.tasks.context import TaskContext
 from radix_core.tasks.request import TaskRequest
 from radix_core.tasks.view import BatchView
@@ -139,21 +138,6 @@ def _chunks(costs: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
         total += cost
     bounds.append((start, len(costs)))
     return bounds
-
-
-@contextmanager
-def naming_items(field: str, what: str) -> Iterator[None]:
-    """The tokenizer's errors about item i of a request (`radix_core.prompt_encoding`, `radix_core.truncation`) write
-    it into the message as `f"{what} {i}"` ("document 1 gives a sequence of ..."); they leave here naming item i of
-    `field` by structure, the message unchanged (`RequestError.naming`), so a transport renames them from its
-    table."""
-    try:
-        yield
-    except RequestError as err:
-        named = err.naming(field, FieldName(field, item=lambda i: f"{what} {i}"))
-        if named is err:
-            raise
-        raise named from err
 
 
 def check_continuations(encoded: EncodedContinuations, limit: int, what: str = "continuation",

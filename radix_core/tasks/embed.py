@@ -22,9 +22,9 @@ import torch
 
 from radix_core.chunk_spec import CHUNK_OUTPUTS, LONG_DOCUMENTS
 from radix_core.chunking import Chunks, chunk_documents, token_weighted_means
-from radix_core.errors import RequestError
+from radix_core.errors import Items, RequestError
 from radix_core.prompt_encoding import EncodedBatch
-from radix_core.tasks.base import Task, TaskJob, naming_items
+from radix_core.tasks.base import Task, TaskJob
 from radix_core.tasks.context import TaskContext
 from radix_core.tasks.request import (
     TRUNCATION_DIRECTIONS,
@@ -43,6 +43,7 @@ from radix_core.templates import EmbedTemplate
 from radix_core.tokens import TokenSequences
 
 POOLINGS = ("last", "mean")
+TEXTS = Items("texts", "text")  # text 2 of a message is texts[2]
 
 
 @dataclass(frozen=True)
@@ -123,18 +124,17 @@ class EmbedTask(Task):
 
         def encode(texts: Sequence[str], truncate: bool, max_item_tokens: int | None) -> EncodedBatch:
             return prompts.encode_prompts(template.parts(texts, request.instruction), context.token_limit, truncate,
-                                          end_ids=end_token_ids(context, template), what="text",
+                                          end_ids=end_token_ids(context, template), items=TEXTS,
                                           special_tokens_in_user_text=config.special_tokens_in_user_text,
                                           truncation_direction=request.truncation_direction,
                                           max_item_tokens=max_item_tokens)
 
-        with naming_items("texts", "text"):
-            if spec is None:
-                chunks, batch = None, encode(request.texts, request.truncate, request.max_text_tokens)
-            else:
-                chunks, batch = chunk_documents(prompts, request.texts, spec, lambda texts: encode(texts, True, None),
-                                                context.token_limit, config.max_items, "text",
-                                                config.special_tokens_in_user_text)
+        if spec is None:
+            chunks, batch = None, encode(request.texts, request.truncate, request.max_text_tokens)
+        else:
+            chunks, batch = chunk_documents(prompts, request.texts, spec, lambda texts: encode(texts, True, None),
+                                            context.token_limit, config.max_items, TEXTS,
+                                            config.special_tokens_in_user_text)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
             raise RequestError.about("texts", "gives no tokens: this tokenizer drops all of its characters and this "

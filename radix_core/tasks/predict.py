@@ -16,14 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from radix_core.errors import RequestError
-from radix_core.tasks.base import HeadQuery, Task, TaskJob, naming_items
+from radix_core.errors import Items, RequestError
+from radix_core.tasks.base import HeadQuery, Task, TaskJob
 from radix_core.tasks.context import TaskContext
 from radix_core.tasks.request import TRUNCATION_DIRECTIONS, TaskRequest, choice, flag, items
 from radix_core.tasks.usage import Usage
 from radix_core.tasks.view import BatchView
 from radix_core.templates import PromptParts
 from radix_core.tokens import TokenSequences
+
+INPUTS = Items("inputs", "input")  # input 2 of a message is inputs[2]
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,10 @@ class PredictTask(Task):
                                f"of its own to predict", "use a ForSequenceClassification model, or classify with "
                                "labels you give (the classify task)")
         prompts = context.prompt_tokenizer()
-        with naming_items("inputs", "input"):
-            batch = prompts.encode_prompts(PromptParts((), list(request.inputs), ()), context.token_limit,
-                                           request.truncate, end_ids=prompts.trailing_ids, what="input",
-                                           special_tokens_in_user_text=context.config.special_tokens_in_user_text,
-                                           truncation_direction=request.truncation_direction)
+        batch = prompts.encode_prompts(PromptParts((), list(request.inputs), ()), context.token_limit,
+                                       request.truncate, end_ids=prompts.trailing_ids, items=INPUTS,
+                                       special_tokens_in_user_text=context.config.special_tokens_in_user_text,
+                                       truncation_direction=request.truncation_direction)
         empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
         if empty is not None:
             raise RequestError.about("inputs", "gives no tokens: this tokenizer drops all of its characters and adds "

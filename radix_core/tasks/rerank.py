@@ -24,9 +24,9 @@ import torch
 
 from radix_core.chunk_spec import LONG_DOCUMENTS, POOLS
 from radix_core.chunking import Chunks, chunk_documents, pool_scores
-from radix_core.errors import RequestError
+from radix_core.errors import Items, RequestError
 from radix_core.prompt_encoding import EncodedBatch
-from radix_core.tasks.base import HeadQuery, Task, TaskJob, naming_items
+from radix_core.tasks.base import HeadQuery, Task, TaskJob
 from radix_core.tasks.context import TaskContext
 from radix_core.tasks.request import (
     TRUNCATION_DIRECTIONS,
@@ -44,6 +44,8 @@ from radix_core.tasks.usage import Usage
 from radix_core.tasks.view import BatchView
 from radix_core.templates import CrossEncoderPair, RerankTemplate
 from radix_core.tokens import TokenSequences
+
+DOCUMENTS = Items("documents", "document")  # document 2 of a message is documents[2]
 
 
 @dataclass(frozen=True)
@@ -146,15 +148,14 @@ class RerankTask(Task):
                                  request.max_document_tokens)
         encode = partial(encode_rerank, context, template, request.query, instruction=request.instruction,
                          truncation_direction=request.truncation_direction)
-        with naming_items("documents", "document"):
-            if spec is None:
-                chunks, batch = None, encode(request.documents, truncate=request.truncate,
-                                             max_document_tokens=request.max_document_tokens)
-            else:
-                chunks, batch = chunk_documents(
-                    context.prompt_tokenizer(), request.documents, spec,
-                    partial(encode, truncate=True, max_document_tokens=None), context.token_limit, config.max_items,
-                    "document", config.special_tokens_in_user_text)
+        if spec is None:
+            chunks, batch = None, encode(request.documents, truncate=request.truncate,
+                                         max_document_tokens=request.max_document_tokens)
+        else:
+            chunks, batch = chunk_documents(
+                context.prompt_tokenizer(), request.documents, spec,
+                partial(encode, truncate=True, max_document_tokens=None), context.token_limit, config.max_items,
+                DOCUMENTS, config.special_tokens_in_user_text)
         return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids,
                          request.raw_scores, request.top_n,
                          tuple(request.documents) if request.return_documents else None, chunks,
@@ -208,9 +209,9 @@ def encode_rerank(context: TaskContext, template: RerankTemplate | CrossEncoderP
            "special_tokens_in_user_text": context.config.special_tokens_in_user_text}
     if isinstance(template, CrossEncoderPair):
         template.shared_prefix(query, instruction)  # refuses an instruction
-        return prompts.encode_pairs(query, documents, context.token_limit, truncate, what="document", **cut)
+        return prompts.encode_pairs(query, documents, context.token_limit, truncate, DOCUMENTS, **cut)
     parts = template.parts(query, documents, instruction)
-    return prompts.encode_prompts(parts, context.token_limit, truncate, what="document", **cut)
+    return prompts.encode_prompts(parts, context.token_limit, truncate, items=DOCUMENTS, **cut)
 
 
 def _answer_ids(context: TaskContext, template: RerankTemplate | CrossEncoderPair) -> tuple[int, int] | None:
