@@ -13,6 +13,9 @@ the layers and the commit.
 * paged rerank: 12 queries x 256 passages of the MS MARCO shape (50-token template, 8-19-token query, 40-120-token
   passages, 10-token suffix), batches of 8 passages of one query, the queries' pages interleaved at random.
 * no reuse: batches of 8 sequences of 128-384 random tokens, none seen twice: what lookups and ghosts cost.
+* new prompt per batch: the few-shot shape with a new 1,024-token prompt in every batch, so nothing is read back:
+  each prompt is shared by the batch's 4 sequences, so it enters the cache (its K/V copied) and is evicted unread
+  once the budget is full: what admission and eviction cost where nothing is reused.
 
 Per stream: seconds over all batches with and without the cache, the speed-up, rows computed over tokens (N'/N,
 in-batch sharing alone and with the cache), the hit ratio, bytes held at the end against the budget, evictions.
@@ -66,9 +69,14 @@ def no_reuse(rng: np.random.Generator, batches: int) -> list[list[list[int]]]:
     return [[tokens(rng, int(rng.integers(128, 385))) for _ in range(8)] for _ in range(batches)]
 
 
+def new_prompts(rng: np.random.Generator, batches: int) -> list[list[list[int]]]:
+    return [[prompt + tokens(rng, int(rng.integers(20, 61))) for _ in range(4)]
+            for prompt in (tokens(rng, 1024) for _ in range(batches))]
+
+
 STREAMS: dict[str, Callable[[np.random.Generator, int], list[list[list[int]]]]] = {
     "few-shot 16x1024 + 4x(20..60)": few_shot, "paged rerank 12x256 by 8": paged_rerank,
-    "no reuse 8x(128..384)": no_reuse}
+    "no reuse 8x(128..384)": no_reuse, "new prompt per batch 1024 + 4x(20..60)": new_prompts}
 
 
 def run_stream(cached: Engine, plain: Engine, stream: list[list[list[int]]]) -> dict[str, float]:
