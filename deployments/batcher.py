@@ -13,12 +13,12 @@ Work is counted in `costs`: the rows the device will compute (a shared prefix on
 the caller goes away (its task is cancelled) or one of its parts fails, every part still queued leaves the queue,
 and a prepared batch holding a part of a finished request is not run: its live parts go back to the queue.
 
-A batch closes when the waiting parts hold `max_batch_tokens` (input tokens: what the device holds) or the oldest
-has waited `wait_timeout_s`. It is filled by priority class (0 first; a part that has waited `aging_s` counts as
-class 0, so no class starves), then with the oldest part's prefix group, then the other groups in the order their
-oldest part arrived, first fit within the budget; a part larger than the budget runs alone once it is first. A
-prepared batch of later classes only is put back when a class-0 part waits, so such work delays class 0 by at most
-the batch on the device.
+A batch closes when the waiting parts hold `max_batch_tokens` (`num_tokens`: what the device holds; the engine
+replica counts a part's input tokens less those its prefix cache holds) or the oldest has waited `wait_timeout_s`.
+It is filled by priority class (0 first; a part that has waited `aging_s` counts as class 0, so no class starves),
+then with the oldest part's prefix group, then the other groups in the order their oldest part arrived, first fit
+within the budget; a part larger than the budget runs alone once it is first. A prepared batch of later classes
+only is put back when a class-0 part waits, so such work delays class 0 by at most the batch on the device.
 
 Two stages run as a pipeline so the device never waits for the CPU work of the next batch:
 

@@ -23,6 +23,13 @@ tree) into `Engine.run_jobs(..., scopes=...)`. The cache is matched inside `Engi
 not in the IndexBuilder: batch k changes the cache while the builder prepares batch k+1 (`radix_core.cached_forward`).
 Rows computed (`computed_tokens`, the batch compression) count after cache hits; the IndexBuilder's totals count the
 rows its index leaves before them.
+
+**Batches are budgeted in what the device computes.** Each part enters the batcher with its input tokens and its
+work less the rows of its shared prefix this replica's cache holds when the part arrives
+(`PrefixCache.cached_length`): a classification request behind a cached 1,024-token prompt holds ~200 tokens of the
+batch, not ~8,600, so the requests that read one prompt (or several) share a batch instead of running one by one.
+The count is an estimate made while another batch runs: that batch's admissions, or the next one's, can evict a
+prefix a queued part counted on, and that batch then computes the prefix again, over its budget by those rows.
 """
 
 from __future__ import annotations
@@ -85,13 +92,22 @@ class EngineReplica:
     async def submit(self, request: EngineRequest) -> list[Any] | QueueFullError:
         """The partial results of the request's parts, in order, or its refusal."""
         parts = request.parts
+        cached = self._cached_prefixes(parts, request.cache_scope)
         try:
             return await self.batcher.submit([(part, request.cache_scope) for part in parts],
-                                             [part.num_tokens for part in parts],
-                                             [part.work_tokens for part in parts], request.prefix_key,
-                                             request_ids.current(), int(request.priority))
+                                             [max(1, part.num_tokens - len(part.sequences) * c)
+                                              for part, c in zip(parts, cached)],
+                                             [max(1, part.work_tokens - c) for part, c in zip(parts, cached)],
+                                             request.prefix_key, request_ids.current(), int(request.priority))
         except QueueFullError as refusal:
             return refusal
+
+    def _cached_prefixes(self, parts: tuple[TaskJob, ...], scope: str | None) -> list[int]:
+        """Tokens of each part's shared prefix the prefix cache holds in the request's scope now (0 without one)."""
+        cache = self.engine.prefix_cache
+        if cache is None:
+            return [0] * len(parts)
+        return [cache.cached_length(part.shared_ids, scope) if part.shared_len else 0 for part in parts]
 
     def info(self) -> dict[str, Any]:
         return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,

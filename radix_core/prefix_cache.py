@@ -37,9 +37,13 @@ budget (a segment split copies its K/V once, briefly holding both); an admission
 is skipped. Recency is kept by two ordered dicts with every segment after its descendants, so the eviction
 scan finds the least recently used segment without cached segments below it at or near the front.
 
-**One lease at a time.** A lease holds the cache's lock from lookup to commit: the engine runs one batch at a time
-on its device, and the next batch must see the previous one's insertions. Counters (`stats()`) are read without
-the lock.
+**One lease at a time.** A lease holds the cache from lookup to commit: the engine runs one batch at a time on
+its device, and the next batch must see the previous one's insertions. The tree itself changes only while a lease
+looks up and admits, and when it commits or ends; `cached_length` reads it in between (while the batch's forward
+runs), for whoever plans the next batches: what the cache holds or the running batch is adding, without waiting
+(0 while the tree is changing). Counters (`stats()`) are read without a lock.
+
+    cache.cached_length(ids, scope)  # leading tokens of `ids` cached in `scope`'s tree (resident or pending)
 """
 
 from __future__ import annotations
@@ -154,8 +158,9 @@ class CacheLease:
 
     def commit(self, kept: KeptRows | None) -> None:
         """The admitted rows, their K/V and states filled by the forward, become cached (`kept` None: none)."""
-        self.cache._fill(self, kept)
-        self.committed = True
+        with self.cache._tree_lock:
+            self.cache._fill(self, kept)
+            self.committed = True
 
 
 class PrefixCache:
@@ -167,7 +172,8 @@ class PrefixCache:
                              f"give at least one row, or no cache at all (prefix_cache_bytes 0)")
         self.shape = shape
         self.ghost_limit = GHOST_FACTOR * (budget_bytes // shape.bytes) if ghost_tokens is None else ghost_tokens
-        self._lock = threading.Lock()
+        self._lease_lock = threading.Lock()  # one lease at a time, from lookup to commit
+        self._tree_lock = threading.Lock()  # held while the tree changes, and while `cached_length` reads it
         self._stats = PrefixCacheStats(budget_bytes)
         self._roots: dict[Hashable, _Segment] = {}
         self._resident: OrderedDict[_Segment, None] = OrderedDict()  # least recent first, after descendants
@@ -184,7 +190,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Forget every segment and reset the counters: a cold cache."""
-        with self._lock:
+        with self._lease_lock, self._tree_lock:
             self._stats = PrefixCacheStats(self.budget_bytes)
             self._roots.clear()
             self._resident.clear()
@@ -201,21 +207,44 @@ class PrefixCache:
         if scopes is not None and len(scopes) != num_sequences:
             raise ValueError(f"scopes has {len(scopes)} entries for {num_sequences} sequences: give one per "
                              f"sequence, or None")
-        with self._lock:
-            self._tick += 1
-            roots = [self._root(None if scopes is None else scopes[s]) for s in range(num_sequences)]
+        with self._lease_lock:
+            with self._tree_lock:
+                self._tick += 1
+                roots = [self._root(None if scopes is None else scopes[s]) for s in range(num_sequences)]
             tokens, bounds = input_ids.astype(np.int32).tobytes(), (4 * cu_seqlens).tolist()
             sequences = [tokens[start:end] for start, end in zip(bounds, bounds[1:])]
             lease = CacheLease(self, sequences, roots, np.zeros(num_sequences, dtype=np.int64))
             try:
-                seen = [self._walk(lease, s) for s in range(num_sequences)]  # every path walked before any eviction
-                for s in range(num_sequences):
-                    self._admit(lease, s, seen[s])
-                self._stats.lookups += num_sequences
-                self._stats.lookup_tokens += int(cu_seqlens[-1] - cu_seqlens[0])
+                with self._tree_lock:
+                    seen = [self._walk(lease, s) for s in range(num_sequences)]  # all walked before any eviction
+                    for s in range(num_sequences):
+                        self._admit(lease, s, seen[s])
+                    self._stats.lookups += num_sequences
+                    self._stats.lookup_tokens += int(cu_seqlens[-1] - cu_seqlens[0])
                 yield lease
             finally:
-                self._close(lease)
+                with self._tree_lock:
+                    self._close(lease)
+
+    def cached_length(self, ids: np.ndarray, scope: Hashable = None) -> int:
+        """Leading tokens of the token ids `ids` whose rows `scope`'s tree holds or the running lease is adding;
+        0 when the tree is changing at this moment. An estimate for planning (the next batch's lease may find less:
+        its own admissions, or the running one's, can evict what was there); it neither waits nor counts as a use."""
+        if not self._tree_lock.acquire(blocking=False):
+            return 0
+        try:
+            seq = ids.astype(np.int32).tobytes()
+            node, p, length = self._roots.get(scope), 0, len(seq) >> 2
+            while node is not None and p < length:
+                child = node.children.get(seq[4 * p:4 * p + 4])
+                if child is None or child.state == GHOST:
+                    break
+                common = _common_length(child.ids, seq, p)
+                p += common
+                node = child if common == child.size else None
+            return p
+        finally:
+            self._tree_lock.release()
 
     def _root(self, scope: Hashable) -> _Segment:
         if scope not in self._roots:

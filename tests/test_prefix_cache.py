@@ -174,6 +174,25 @@ def test_scopes_never_share_rows():
     assert run(cache, [prompt + [5]])[0] == [0]  # the shared tree (scope None) is a scope of its own too
 
 
+
+def test_cached_length_reads_what_the_tree_holds_or_the_running_batch_adds():
+    """`cached_length` (how the replica plans batches) counts resident and pending rows of the id's path in its
+    scope, never ghosts, and answers 0 rather than wait while the tree is changing."""
+    cache = PrefixCache(SHAPE, 100 * ROW)
+    prompt = np.array([3] * 8 + [4, 5])
+    with cache.lease(np.concatenate([prompt, [1], prompt, [2]]), np.array([0, 11, 22]), ["a", "a"]) as lease:
+        assert lease.admitted == [(1, 0, 10)]
+        assert cache.cached_length(prompt, "a") == 10  # pending: the batch running now adds it
+        kept = lease.keep(torch.arange(10))
+        lease.commit(kept)
+    assert cache.cached_length(np.concatenate([prompt, [7, 7]]), "a") == 10
+    assert cache.cached_length(prompt[:6], "a") == 6  # ends inside the segment
+    assert cache.cached_length(np.array([3, 3, 9]), "a") == 2  # leaves it
+    assert cache.cached_length(prompt, "b") == 0 and cache.cached_length(prompt) == 0  # other scopes
+    assert cache.cached_length(np.concatenate([prompt, [1]]), "a") == 10  # the ghost tail [1] is not cached
+    with cache._tree_lock:
+        assert cache.cached_length(prompt, "a") == 0
+
 def test_admissions_of_a_failed_batch_go_back_to_ghosts():
     cache = PrefixCache(SHAPE, 100 * ROW)
     ids, cu = np.array([1, 2, 3, 1, 2, 4]), np.array([0, 3, 6])

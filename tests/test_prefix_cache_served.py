@@ -6,7 +6,8 @@ keys; a refused call gets none. On the shared serve cluster (marked `serve`; one
 default cache): a repeated prompt is read from the cache (`usage.cached_tokens`) with the same answer as its first,
 computed, run; another key's first request of that prompt reads nothing; the HTTP face keeps the same scopes; the
 replica's cache counters move by what the answers report; with `prefix_cache_scope: shared` a key reads what another
-filled, and the redeployed replica starts cold.
+filled, and the redeployed replica starts cold; requests that read a cached prompt share a batch whose budget holds
+only one of them whole.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ KEY_A, KEY_B = "tenant-a-key", "tenant-b-key"
 PROMPT = " ".join(f"Example {i}: the radix tree stores shared prefixes once, label positive." for i in range(12))
 INPUTS = ["a trie keeps common prefixes together", "bread rises in a warm oven", "tokens share their history"]
 TOL = 1e-5  # float32: the cached rows are the very values the first run computed
+TIGHT_BATCH_TOKENS = 4096  # a batch budget that holds one request of the doubled prompt whole, not two
 
 
 def bearer(key: str) -> list[tuple[str, str]]:
@@ -70,9 +72,12 @@ def app(tiny_model_dir, serve_cluster, tmp_path_factory):
     keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
     keys_file.write_text(f"{KEY_A}\n{KEY_B}\n")
     base = {"model": str(tiny_model_dir("qwen3", "causal_lm")), "auth": {"api_keys_file": str(keys_file)}}
-    served = GrpcDeployment(base=base, configs={"key": {}, "shared": {"auth": {"prefix_cache_scope": "shared"}}},
+    configs = {"key": {}, "shared": {"auth": {"prefix_cache_scope": "shared"}},
+               "tight": {"batching": {"max_batch_tokens": TIGHT_BATCH_TOKENS, "batch_wait_timeout_s": 0.5},
+                         "limits": {"max_request_tokens": TIGHT_BATCH_TOKENS}}}
+    served = GrpcDeployment(base=base, configs=configs,
                             probe=lambda channel: ScoringStub(channel).Info(pb.InfoRequest(), timeout=10),
-                            keyed=frozenset({"key", "shared"}))
+                            keyed=frozenset(configs))
     try:
         served.start(serve_cluster)
         yield served
@@ -167,3 +172,26 @@ def test_a_shared_scope_lets_keys_read_each_others_prompts_and_a_new_replica_sta
     with pytest.raises(grpc.RpcError) as refused:  # sharing the cache does not open the door
         classify(app, "not-a-key", prompt)
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(300)
+def test_requests_that_read_a_cached_prompt_share_a_batch_their_whole_tokens_would_not_fit(app):
+    """The replica budgets a batch in what it computes: a request's input tokens less its prompt's cached rows.
+    Four requests of ~3,000 tokens behind one cached prompt run together under a 4,096-token budget."""
+    app.use("tight")
+    prompt = "Batched. " + PROMPT * 2
+    first = classify(app, KEY_A, prompt)
+    assert TIGHT_BATCH_TOKENS / 2 < first.usage.input_tokens <= TIGHT_BATCH_TOKENS  # two whole would not fit
+    before = engine_info()["batcher"]
+    stub = ScoringStub(app.channel)
+    request = pb.ClassifyRequest(inputs=INPUTS, labels=["positive", "negative"], prefix=prompt,
+                                 template="\nInput: {input}\nLabel:")
+    calls = [stub.Classify.future(request, timeout=60, metadata=bearer(KEY_A)) for _ in range(4)]
+    replies = [call.result() for call in calls]
+    after = engine_info()["batcher"]
+    assert all(reply.usage.cached_tokens > 0 for reply in replies)
+    for reply in replies:
+        np.testing.assert_allclose(probabilities(reply), probabilities(first), atol=TOL)
+    assert after["num_items"] - before["num_items"] == 4
+    assert after["num_batches"] - before["num_batches"] <= 2, (before, after)  # one by one before: 4 batches
