@@ -6,7 +6,8 @@ CPU) and the same request streams for every configuration:
 * `in-process`: `Engine.run_jobs` on the requests in arrival order, `--clients` requests per batch (what a server
   with that many requests in flight could batch at best), no Ray;
 * `served auto` / `served off`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build`
-  with the YAML's args, `placement.accelerator: cpu`, one engine replica, CPU reservations at their defaults), called
+  with the YAML's args, `placement.accelerator: cpu`, one engine replica, CPU reservations at their defaults, the
+  prefix cache on as by default, so `off` too reads a query's template and query once cached), called
   through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
 * `padded baseline` (`bench/padded_baseline.py`): a Ray Serve deployment with `@serve.batch` running
   transformers' `AutoModelForCausalLM` on right-padded batches (the reranker's yes/no logits, the LM head at the
