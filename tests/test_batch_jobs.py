@@ -53,6 +53,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 @pytest.mark.serve
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_embed_job_writes_rows_equal_to_single_calls_and_resumes(address, tmp_path, capsys):
     source = write_jsonl(tmp_path / "texts.jsonl", TEXTS[:5] + [{"text": t} for t in TEXTS[5:]])
@@ -80,6 +81,7 @@ def test_embed_job_writes_rows_equal_to_single_calls_and_resumes(address, tmp_pa
 
 
 @pytest.mark.serve
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_rerank_job_writes_one_response_per_query(address, tmp_path, capsys):
     rows = [{"query": f"query {i}", "documents": DOCS} for i in range(4)]

@@ -123,6 +123,7 @@ def test_flash_by_name_or_another_backend_does_not_fall_back(tiny_model_dir, mon
         Engine.from_pretrained(model, device="cpu", attention="auto").warm_up()
 
 
+@pytest.mark.slow
 def test_gpu_check_batch_of_more_than_256_blocks_through_the_triton_interpreter():
     """gpu_check's new kernel batch, at one head of dim 16: the engine's Triton cascade against the path reference."""
     import gpu_check
@@ -137,6 +138,7 @@ def test_gpu_check_batch_of_more_than_256_blocks_through_the_triton_interpreter(
     assert error <= gpu_check.ATTENTION_TOLERANCE[torch.float32]
 
 
+@pytest.mark.slow
 def test_gpu_engine_checks_mlp_mode_on_more_than_256_blocks_through_the_triton_interpreter(tmp_path):
     """gpu_engine_checks' new mode and batch, on a one-layer, one-head model: Triton `mlp` equals float64 torch."""
     import gpu_engine_checks as checks
@@ -163,6 +165,7 @@ def test_gpu_engine_checks_float64_reference_takes_every_batch(tiny_model_dir):
         assert [s.shape[0] for s in reference.hidden_states(sequences)] == [len(s) for s in sequences]
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_from_the_root_without_an_install():
     """No site processing, so no editable install: radix_core comes from the path the script inserts."""
     env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
@@ -198,6 +201,7 @@ def test_gpu_run_dry_run_plans_every_part_and_joins_split_wheels(tmp_path):
     assert "dry run" in summary and "arguments of every part parse" in summary
 
 
+@pytest.mark.slow
 def test_gpu_run_without_a_gpu_records_each_part_and_keeps_to_its_budget(tmp_path):
     """The real run on the CPU: each part is one gpu_check process (exit 2, no CUDA) until the budget is spent."""
     env = {**os.environ, "PYTHON": sys.executable, "STASH_DIR": str(tmp_path / "stash"), "OUT": str(tmp_path),

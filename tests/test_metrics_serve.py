@@ -47,7 +47,7 @@ CACHE_BYTES = 256 * 1280  # 256 rows of the tiny preset's K/V and states (1,280 
 AUTH = [("authorization", f"Bearer {KEY}")]
 TRACE_ID = "trace-metrics-7"
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(5)]
-pytestmark = [pytest.mark.serve, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.serve, pytest.mark.slow, pytest.mark.timeout(240)]  # a Ray of its own
 
 
 @pytest.fixture(scope="module")

@@ -241,6 +241,7 @@ def wait_for_replicas(expected: int, timeout_s: float = 30.0) -> set[str]:
 
 
 @pytest.mark.serve
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_one_prefix_one_replica_and_scale_down_keeps_survivors(local_serve):
     handle = serve.run(affinity_app(), name="affinity", route_prefix=None, external_scaler_enabled=True)
@@ -265,6 +266,7 @@ def test_one_prefix_one_replica_and_scale_down_keeps_survivors(local_serve):
 
 
 @pytest.mark.serve
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fanned_out_sub_requests_all_route_to_the_key_owner(local_serve):
     """Sub-requests sharing their parent's internal request id are each served (Ray's base router would match

@@ -30,7 +30,7 @@ QUERY = "what is a radix tree"
 MAX_ITEMS = 8
 MAX_REQUEST_BYTES = 65536
 KEY = "tei-key"
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.slow]  # each model its own deployment: 80 s of the suite
 
 # Runs tei-client's GrpcClient: argv[1] the address, argv[2] a JSON list of [method, kwargs]; prints one JSON
 # answer per call, or {"error": ...} with the exception's type and message.
