@@ -85,10 +85,13 @@ def app(tiny_model_dir, serve_cluster, tmp_path_factory):
         served.stop()
 
 
+def classify_request(prompt: str) -> pb.ClassifyRequest:
+    return pb.ClassifyRequest(inputs=INPUTS, labels=["positive", "negative"], prefix=prompt,
+                              template="\nInput: {input}\nLabel:")
+
+
 def classify(app, key: str, prompt: str = PROMPT) -> pb.ClassifyResponse:
-    request = pb.ClassifyRequest(inputs=INPUTS, labels=["positive", "negative"], prefix=prompt,
-                                 template="\nInput: {input}\nLabel:")
-    return ScoringStub(app.channel).Classify(request, timeout=60, metadata=bearer(key))
+    return ScoringStub(app.channel).Classify(classify_request(prompt), timeout=60, metadata=bearer(key))
 
 
 def probabilities(reply: pb.ClassifyResponse) -> np.ndarray:
@@ -185,9 +188,7 @@ def test_requests_that_read_a_cached_prompt_share_a_batch_their_whole_tokens_wou
     assert TIGHT_BATCH_TOKENS / 2 < first.usage.input_tokens <= TIGHT_BATCH_TOKENS  # two whole would not fit
     before = engine_info()["batcher"]
     stub = ScoringStub(app.channel)
-    request = pb.ClassifyRequest(inputs=INPUTS, labels=["positive", "negative"], prefix=prompt,
-                                 template="\nInput: {input}\nLabel:")
-    calls = [stub.Classify.future(request, timeout=60, metadata=bearer(KEY_A)) for _ in range(4)]
+    calls = [stub.Classify.future(classify_request(prompt), timeout=60, metadata=bearer(KEY_A)) for _ in range(4)]
     replies = [call.result() for call in calls]
     after = engine_info()["batcher"]
     assert all(reply.usage.cached_tokens > 0 for reply in replies)
