@@ -83,7 +83,7 @@ def test_closed_loop_clients_of_256_documents_are_never_refused(app):
         with ScoringClient(app.address, timeout_s=300, retries=0) as scoring:
             for round_ in range(2):
                 try:
-                    reply = scoring.rerank(f"query {k} round {round_}", documents(256, seed=10 * k + round_))
+                    reply = scoring.rerank(f"query {k} round {round_}", documents(256, seed=1000 + 10 * k + round_))
                     answered.append(len(reply.results))
                 except grpc.RpcError as err:
                     failures.append(f"{err.code().name}: {err.details()}")
@@ -121,15 +121,19 @@ def _http_disconnect(app, request):
         httpx.post(f"http://127.0.0.1:{app.http_port}/v2/rerank", json=body, timeout=1.0)
 
 
+LEAVES = [_grpc_deadline, _grpc_cancel, _client_timeout, _http_disconnect]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("leave", [_grpc_deadline, _grpc_cancel, _client_timeout, _http_disconnect],
-                         ids=["grpc-deadline", "grpc-cancel", "client-timeout", "http-disconnect"])
+@pytest.mark.parametrize("leave", LEAVES, ids=["grpc-deadline", "grpc-cancel", "client-timeout", "http-disconnect"])
 def test_a_request_whose_client_went_away_leaves_the_replica(app, leave):
     """A 1000-document rerank abandoned after 1 s: most of its parts never run, and a small request sent right
-    after answers within a few batch times instead of waiting for the whole abandoned request (about 7 s)."""
+    after answers within a few batch times instead of waiting for the whole abandoned request (about 7 s). Each
+    case sends documents of its own: the prefix cache admits a sequence the second time it sees it, so documents
+    an earlier case sent would be read from the cache, and more of them would run before the client leaves."""
     unloaded = min(small_latency(app) for _ in range(3))
     ran_before, sent_before = parts_run_and_sent()
-    leave(app, pb.RerankRequest(query="an abandoned query", documents=documents(1000, seed=7)))
+    leave(app, pb.RerankRequest(query="an abandoned query", documents=documents(1000, seed=100 + LEAVES.index(leave))))
     latency = small_latency(app)
     time.sleep(2.0)  # whatever of the abandoned request still ran would have run by now
     ran_after, sent_after = parts_run_and_sent()
