@@ -36,6 +36,9 @@ RERANK_STREAM_NAMES: FieldNames = {  # one (query, text) per message; a query's 
 EMBED_NAMES: FieldNames = {"texts": "inputs"}
 ONE_TEXT_EMBED_NAMES: FieldNames = {"texts": FieldName("inputs", item=lambda i: "inputs")}  # gRPC: one a message
 ONE_TEXT_PREDICT_NAMES: FieldNames = {"inputs": FieldName("inputs", item=lambda i: "inputs")}
+SIMILARITY_NAMES: FieldNames = {  # HTTP /similarity: the source sentence, then the sentences, in one embed
+    "texts": FieldName("inputs", whole="inputs.sentences",
+                       item=lambda i: "inputs.source_sentence" if i == 0 else f"inputs.sentences[{i - 1}]")}
 
 
 def predict_names(positions: Sequence[int]) -> FieldNames:

@@ -1,17 +1,19 @@
 """The HTTP APIs end to end on a local Ray: Ray Serve's HTTP proxy on a loopback port, the application built from a
-tiny Qwen3 model, called through the real client SDKs (cohere, openai, tei-client) and plain HTTP. Scores and
-embeddings equal the library's, each SDK raises its own error type with the server's message, and a bounded
-schemathesis run over /openapi.json finds no 5xx and no error that is not JSON.
+tiny Qwen3 model, called through the real client SDKs (cohere, openai, tei-client, huggingface_hub) and plain HTTP.
+Scores and embeddings equal the library's, each SDK raises its own error type with the server's message, and a
+bounded schemathesis run over /openapi.json finds no 5xx and no error that is not JSON.
 
 Three applications share the proxy: a keyed reranker at / (the model's primary task from the checkpoint: a Qwen3
 causal LM with a rerank template is a reranker), an open embedder at /embedder (`primary_task: embed`), because
 tei-client reranks only on a server that says reranker and embeds only on one that says embedding, and an open
-sequence-classification model at /classifier for TEI's /predict of single texts.
+sequence-classification model at /classifier (`primary_task: classify`: TEI's classifier, whose `POST /` is
+/predict) for TEI's /predict of single texts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,8 +38,8 @@ NAME = "tiny-reranker"
 MAX_ITEMS = 8
 MAX_REQUEST_BYTES = 65536
 TOL = 1e-5
-OPERATIONS = ("/v1/rerank", "/v2/rerank", "/v1/embeddings", "/rerank", "/embed", "/predict", "/tokenize", "/info",
-              "/health")
+OPERATIONS = ("/v1/rerank", "/v2/rerank", "/v1/embeddings", "/rerank", "/embed", "/predict", "/similarity",
+              "/tokenize", "/info", "/health", "/ping", "/", "/invocations")
 pytestmark = [pytest.mark.serve, pytest.mark.timeout(300)]
 
 
@@ -52,7 +54,7 @@ class Served:
                 "placement": {"engine": {"cpus": 0.3}, "ingress": {"cpus": 0.3}}}
         self.apps = {"reranker": ("/", {**base, "auth": {"api_keys_file": keys_file}, "served_model_name": NAME}),
                      "embedder": ("/embedder", {**base, "primary_task": "embed"}),
-                     "classifier": ("/classifier", {**base, "model": classifier_dir})}
+                     "classifier": ("/classifier", {**base, "model": classifier_dir, "primary_task": "classify"})}
 
     @property
     def url(self) -> str:
@@ -256,6 +258,64 @@ def test_tei_left_truncation_equals_library(served, engine):
     vectors = post(served.embedder_url, "/embed", {"inputs": [LONG], "truncate": True, "truncation_direction": "Left"})
     assert vectors.status_code == 200, vectors.text
     np.testing.assert_allclose(vectors.json(), engine.embed([LONG], truncation_direction="left").embeddings, atol=TOL)
+
+
+HF_CLIENT_SCRIPT = """
+import json, sys
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import HfHubHTTPError
+url, embedder_url, classifier_url, key, query, texts = *sys.argv[1:5], *map(json.loads, sys.argv[5:])
+similarity = InferenceClient(base_url=f"{url}/similarity", api_key=key)
+top = InferenceClient(base_url=classifier_url).text_classification(texts[1])
+try:
+    similarity.sentence_similarity(query, [texts[0], ""])
+    refused = None
+except HfHubHTTPError as err:
+    refused = [err.response.status_code, err.response.text]
+print(json.dumps({
+    "vectors": InferenceClient(base_url=embedder_url).feature_extraction(texts[0]).tolist(),
+    "similarity": similarity.sentence_similarity(query, texts),
+    "top": [top.label, top.score],
+    "refused": refused,
+}))
+"""
+
+
+def test_hugging_face_inference_client_calls_it_as_a_tei_endpoint(served, engine, classifier_dir):
+    """huggingface_hub's `InferenceClient` given the server's URL, as a TEI endpoint: `feature_extraction` and
+    `text_classification` post to `/`, which is the model type's route (the embedder embeds, the classifier
+    predicts), `sentence_similarity` to `/similarity`; each equals the library. In a subprocess without
+    HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which the client obeys even for a URL: given one, it calls that URL
+    and never the hub."""
+    args = [served.url, served.embedder_url, served.classifier_url, KEY, json.dumps(QUERY), json.dumps(TEXTS)]
+    env = {name: value for name, value in os.environ.items() if name not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    run = subprocess.run([sys.executable, "-c", HF_CLIENT_SCRIPT, *args], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    reply = json.loads(run.stdout)
+    np.testing.assert_allclose(reply["vectors"], engine.embed(TEXTS[:1]).embeddings, atol=TOL)
+    embedded = engine.embed([QUERY, *TEXTS], normalize=True).embeddings.astype(np.float64)
+    np.testing.assert_allclose(reply["similarity"], embedded[1:] @ embedded[0], atol=TOL)
+    want = Engine.from_pretrained(classifier_dir, device="cpu").predict(TEXTS[1:2]).results[0][0]
+    assert reply["top"] == [want.label, pytest.approx(want.score, abs=TOL)]
+    status, body = reply["refused"]
+    assert status == 422 and "inputs.sentences[1] is empty" in body
+
+
+def test_tei_default_and_health_routes_follow_the_model_type(served, engine):
+    """TEI's `POST /` and `/invocations` answer as the model type's route; `GET /` and `/ping` as `/health`."""
+    local = engine.rerank(QUERY, DOCS[:3])
+    for path in ("/", "/invocations"):
+        ranks = post(served.url, path, {"query": QUERY, "texts": DOCS[:3]})
+        assert ranks.status_code == 200, ranks.text
+        assert_ranks(ranks.json(), local, score=lambda hit: hit["score"], index=lambda hit: hit["index"])
+        assert post(served.url, path, {"query": QUERY, "texts": DOCS[:3]}, key=None).status_code == 401
+    assert httpx.get(served.url + "/", timeout=10).status_code == httpx.get(served.url + "/ping").status_code == 200
+    at_limit = {"source_sentence": "q", "sentences": ["x"] * (MAX_ITEMS - 1)}  # the source sentence is one item
+    assert len(post(served.embedder_url, "/similarity", {"inputs": at_limit}).json()) == MAX_ITEMS - 1
+    over = post(served.embedder_url, "/similarity", {"inputs": {**at_limit, "sentences": ["x"] * MAX_ITEMS}})
+    assert over.status_code == 422
+    assert over.json()["error"].startswith(f"{MAX_ITEMS} inputs.sentences are more than the limit of {MAX_ITEMS - 1}")
 
 
 def test_tei_tokenize_and_health(served, engine):

@@ -6,9 +6,13 @@ for this."""
 
 from __future__ import annotations
 
+import csv
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -23,6 +27,7 @@ from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 MAX_ITEMS = 1024  # the default tasks.max_items
+LOCUSTFILE = Path(__file__).resolve().parents[1] / "bench" / "locustfile.py"
 SMALL = pb.RerankRequest(query="what is a radix tree", documents=["A trie is a prefix tree.", "Bread rises."])
 
 
@@ -95,6 +100,23 @@ def test_closed_loop_clients_of_256_documents_are_never_refused(app):
         thread.join(timeout=330)
     assert not failures, failures
     assert answered == [256] * 16
+
+
+@pytest.mark.timeout(400)
+def test_a_locust_run_at_the_sizes_clients_send_has_no_failure(app, tmp_path):
+    """Locust with `bench/locustfile.py`'s defaults over HTTP: one closed-loop user each of Cohere reranks of 1,000
+    documents, OpenAI embeddings of 256 texts and TEI reranks of 64 texts, for 30 s: every request answered 200
+    with one answer per item (locust exits 1 on any failure), each API answered at least once."""
+    run = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", f"http://127.0.0.1:{app.http_port}",
+         "--headless", "--users", "3", "--spawn-rate", "3", "--run-time", "30s", "--stop-timeout", "180",
+         "--csv", str(tmp_path / "load"), "--only-summary"],
+        capture_output=True, text=True, timeout=330)
+    assert run.returncode == 0, run.stderr[-4000:]
+    with open(tmp_path / "load_stats.csv", newline="") as table:
+        rows = {row["Name"]: row for row in csv.DictReader(table)}
+    assert {"cohere /v2/rerank x1000", "openai /v1/embeddings x256", "tei /rerank x64"} <= set(rows), rows
+    assert all(int(row["Request Count"]) >= 1 and int(row["Failure Count"]) == 0 for row in rows.values()), rows
 
 
 def _grpc_deadline(app, request):

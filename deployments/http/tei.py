@@ -4,14 +4,19 @@
     POST /embed     {inputs, normalize, truncate, truncation_direction, prompt_name, dimensions} -> [[float]]
     POST /predict   {inputs: a text, a [text, text_pair] pair, or a list of them, raw_scores, truncate,
                      truncation_direction} -> [{label, score}] each, best first
+    POST /similarity {inputs: {source_sentence, sentences}, parameters: {truncate, truncation_direction}}
+                    -> the cosine similarity of each sentence's embedding to the source sentence's
     POST /tokenize  {inputs, add_special_tokens} -> per input [{id, text, special, start, stop}]
+    POST /          the route of the model's type: /rerank (reranker), /embed (embedding), /predict (classifier);
+    POST /invocations  the same (SageMaker's name for it)
     GET  /info      the model, its `model_type` ({"reranker"|"embedding"|"classifier": metadata}) and limits
-    GET  /health    200 when an engine replica answers, else 503
+    GET  /health    200 when an engine replica answers, else 503; also GET / and GET /ping, as in TEI
 
-`/info` and `/health` need no API key. `model_type` is the model card's primary task (`deployments.tei`): rerank ->
-reranker, embed -> embedding, classify -> classifier; every route works whatever it says. TEI's fields become the
-tasks' requests in `deployments.tei`, shared with the gRPC API, as do the tables naming a task's error in TEI's
-fields.
+`/info` and the health routes need no API key. `model_type` is the model card's primary task (`deployments.tei`):
+rerank -> reranker, embed -> embedding, classify -> classifier; it picks what `POST /` does (where Hugging Face's
+`InferenceClient(base_url=...)` sends `feature_extraction` and `text_classification`), and every named route works
+whatever it says. TEI's fields become the tasks' requests in `deployments.tei`, shared with the gRPC API, as do the
+tables naming a task's error in TEI's fields.
 
 `/predict` classifies each text with the predict task (the model's sequence-classification labels, best first) and
 scores each [text, text_pair] pair with the rerank task (the pairs of one text are one request, so they share its
@@ -20,7 +25,9 @@ the score head's one label (else "relevance"). Its texts and pairs together are 
 (`tasks.max_items`), as are `/tokenize`'s inputs; `/tokenize` has no truncate, as in TEI, so an input over
 `max_input_length` tokens is a 422 naming it and the limit. `prompt_name` is refused with 422 (no named prompts;
 send an `instruction` through radixserve.v1 instead). `truncate` defaults to false, as in TEI: a text over the
-per-item limit is a 422. Errors are TEI's `{"error", "error_type"}`.
+per-item limit is a 422. `/similarity` embeds the source sentence and the sentences in one embed request, so
+they are at most `max_items` together, and answers each sentence's cosine similarity to the source, as TEI does.
+Errors are TEI's `{"error", "error_type"}`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,6 +87,26 @@ class PredictRequest(BaseModel):
     truncate: bool | None = Field(False, description="Cut texts over the per-item limit (false: 422).")
     truncation_direction: Literal["Left", "Right"] = Field(
         "Right", description="The side of a text truncation cuts: Right its end, Left its start.")
+
+
+class SimilarityInput(BaseModel):
+    model_config = ConfigDict(strict=True)
+    source_sentence: str = Field(description="The text every sentence is compared with.")
+    sentences: list[str] = Field(description="The texts to compare with the source sentence.")
+
+
+class SimilarityParameters(BaseModel):
+    model_config = ConfigDict(strict=True)
+    truncate: bool | None = Field(False, description="Cut texts over the per-item limit (false: 422).")
+    truncation_direction: Literal["Left", "Right"] = Field(
+        "Right", description="The side of a text truncation cuts: Right its end, Left its start.")
+    prompt_name: str | None = Field(None, description="Not supported: leave it out.")
+
+
+class SimilarityRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
 
 
 class Prediction(BaseModel):
@@ -148,6 +176,20 @@ class TeiDialect(Dialect):
             rows, usage = await _predict(service, items, body)
             return await service.respond(lambda: rows[0] if single else rows, usage=usage)
 
+        @router.post("/similarity", responses={200: {"model": list[float]}},
+                     summary="TEI similarity: cosine of each sentence's embedding to the source sentence's", **keyed)
+        async def similarity(body: SimilarityRequest):
+            if not body.inputs.sentences:
+                raise RequestError.about("inputs.sentences", "is empty", "give at least one sentence to compare")
+            # the source sentence is embedded with them, in one request of at most max_items texts
+            check_count("inputs.sentences", len(body.inputs.sentences), service.scorer.context.config.max_items - 1)
+            rows = [body.inputs.source_sentence, *body.inputs.sentences]
+            parameters = body.parameters or SimilarityParameters()
+            request = tei_fields.embed_request(rows, False, None, parameters.truncate,
+                                               parameters.truncation_direction, parameters.prompt_name)
+            result = await service.run(request, tei_fields.SIMILARITY_NAMES)
+            return await service.respond(_cosines, result.embeddings, usage=result.usage)
+
         @router.post("/tokenize", responses={200: {"model": list[list[Token]]}}, summary="TEI tokenize", **keyed)
         async def tokenize(body: TokenizeRequest):
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
@@ -160,6 +202,8 @@ class TeiDialect(Dialect):
             return _info(service, await service.scorer.info())
 
         @router.get("/health", summary="200 when an engine replica answers, else 503")
+        @router.get("/ping", summary="/health under SageMaker's name")
+        @router.get("/", summary="/health, where TEI answers it too")
         async def health():
             try:
                 await asyncio.wait_for(service.scorer.info(), HEALTH_TIMEOUT_S)
@@ -168,6 +212,12 @@ class TeiDialect(Dialect):
                                           f"({type(err).__name__}): it is starting, restarting or failed") from None
             return Response(status_code=200)
 
+        default, answers = {"rerank": (rerank, list[RankItem]), "embed": (embed, list[list[float]]),
+                            "classify": (predict, list[list[Prediction]])}[service.card.primary_task]
+        kind = tei_fields.MODEL_TYPES[service.card.primary_task]
+        for path in ("/", "/invocations"):  # TEI's default route, and SageMaker's name for it
+            router.add_api_route(path, default, methods=["POST"], responses={200: {"model": answers}},
+                                 summary=f"TEI's default route: /{default.__name__} (the model is a {kind})", **keyed)
         return router
 
     def error_body(self, kind: ErrorKind, message: str) -> dict[str, Any]:
@@ -187,6 +237,13 @@ def _info(service: Service, info: dict[str, Any]) -> dict[str, Any]:
 def _ranks(result: RerankResult) -> list[dict[str, Any]]:
     return [{"index": hit.index, "score": hit.score, **({"text": hit.document} if hit.document is not None else {})}
             for hit in result.results]
+
+
+def _cosines(embeddings: np.ndarray) -> list[float]:
+    """The cosine similarity of each row after the first to the first. (S + 1, D) -> S"""
+    unit = embeddings.astype(np.float64)
+    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-30)
+    return (unit[1:] @ unit[0]).tolist()
 
 
 def _predict_inputs(inputs: str | list, max_items: int) -> tuple[bool, list[str | tuple[str, str]]]:
