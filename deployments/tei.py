@@ -9,6 +9,8 @@ and hand TEI's fields to the functions here, so each TEI field is converted in o
     truncate (TEI's default false)                 truncate; long_documents "truncate" (TEI never chunks)
     truncation_direction Right / Left (HTTP), TRUNCATION_DIRECTION_RIGHT / _LEFT (gRPC)   "right" / "left"
     prompt_name                                    refused by name: no named prompts (radixserve.v1 has instruction)
+    tokenize inputs, add_special_tokens            `tokens`: as the tasks encode user text, bounded as their items
+    decode  ids, skip_special_tokens               `decode`: the tokenizer's decode, of ids it has, bounded the same
 
 The tables `*_NAMES` name the library's fields as each TEI request shape names them, for a task's error
 (`RequestError.renamed`: `texts[1] is empty`, not the library's `documents[1]`). `tei_model_type` is TEI's
@@ -22,7 +24,8 @@ from typing import Any
 
 from deployments.model_card import ModelCard
 from radix_core.errors import FieldName, FieldNames, RequestError
-from radix_core.tasks import EmbedRequest, PredictRequest, RerankRequest
+from radix_core.tasks import EmbedRequest, PredictRequest, RerankRequest, TaskContext
+from radix_core.tasks.request import check_count, check_items
 from radixserve.tei.v1 import tei_pb2 as tei
 
 MODEL_TYPES = {"rerank": "reranker", "embed": "embedding", "classify": "classifier"}  # primary task -> TEI's name
@@ -35,7 +38,9 @@ RERANK_STREAM_NAMES: FieldNames = {  # one (query, text) per message; a query's 
     "documents": FieldName("messages", item=lambda i: f"message {i} of its query")}
 EMBED_NAMES: FieldNames = {"texts": "inputs"}
 ONE_TEXT_EMBED_NAMES: FieldNames = {"texts": FieldName("inputs", item=lambda i: "inputs")}  # gRPC: one a message
-ONE_TEXT_PREDICT_NAMES: FieldNames = {"inputs": FieldName("inputs", item=lambda i: "inputs")}
+ONE_INPUT_NAMES: FieldNames = {"inputs": FieldName("inputs", item=lambda i: "inputs")}  # gRPC Predict, Tokenize
+ONE_PAIR_NAMES: FieldNames = {"query": FieldName("inputs", whole="inputs[0]"),  # gRPC PredictPair: [text, text_pair]
+                              "documents": FieldName("inputs", item=lambda i: "inputs[1]")}
 SIMILARITY_NAMES: FieldNames = {  # HTTP /similarity: the source sentence, then the sentences, in one embed
     "texts": FieldName("inputs", whole="inputs.sentences",
                        item=lambda i: "inputs.source_sentence" if i == 0 else f"inputs.sentences[{i - 1}]")}
@@ -112,3 +117,42 @@ def tei_model_type_pb(primary_task: str) -> int:
 def rerank_label(card: ModelCard) -> str:
     """The label of a reranker's one score: its score head's, else `RERANK_LABEL`."""
     return card.labels[0] if len(card.labels) == 1 else RERANK_LABEL
+
+
+def tokens(context: TaskContext, texts: list[str], add_special_tokens: bool, prompt_name: str | None,
+           field: str = "inputs") -> list[list[dict[str, Any]]]:
+    """Each text's tokens `{id, text, special, start, stop}` as the tasks encode user text (special-token literals
+    plain unless the config trusts them), bounded as the tasks bound their items: at most max_items texts of at most
+    the per-item token limit (a RequestError names the text and the limit)."""
+    check_prompt_name(prompt_name)
+    check_items(field, texts, context.config.max_items)
+    prompts = context.prompt_tokenizer()
+    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, field=field,
+                                    trust=context.config.special_tokens_in_user_text)
+    special = set(prompts.tokenizer.all_special_ids)
+    out = []
+    for text, encoding in zip(texts, encodings):
+        out.append([{"id": i, "text": piece if i in special else text[start:stop], "special": i in special,
+                     "start": None if i in special else start, "stop": None if i in special else stop}
+                    for i, piece, (start, stop) in zip(encoding.ids, encoding.tokens, encoding.offsets)])
+    return out
+
+
+def decode(context: TaskContext, sequences: list[list[int]], skip_special_tokens: bool, field: str = "ids",
+           one: bool = False) -> list[str]:
+    """Each sequence of token ids as the tokenizer decodes it: at most max_items sequences of at most the per-item
+    token limit, every id one the tokenizer has (a RequestError names the sequence: `ids[i]`, or `ids` when `one`
+    was sent)."""
+    check_count(field, len(sequences), context.config.max_items)
+    tokenizer = context.prompt_tokenizer().tokenizer
+    vocabulary, limit = len(tokenizer), context.token_limit
+    for i, ids in enumerate(sequences):
+        index = None if one else i
+        if len(ids) > limit:
+            raise RequestError.about(field, f"has {len(ids)} ids, over the limit of {limit} per item",
+                                     "decode fewer at once", index=index, limit=limit)
+        unknown = next((token for token in ids if not 0 <= token < vocabulary), None)
+        if unknown is not None:
+            raise RequestError.about(field, f"holds {unknown}, which is no token id of the model's tokenizer "
+                                     f"(0 to {vocabulary - 1})", "send ids /tokenize gave", index=index)
+    return tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens)

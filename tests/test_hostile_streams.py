@@ -22,6 +22,7 @@ from deployments.config import AppArgs
 from deployments.grpc_api.streams import STREAM_WINDOW, StreamEnded
 from deployments.ingress import Ingress
 from deployments.metrics import IngressMetrics
+from deployments.model_card import ModelCard
 from radix_core.tasks import EmbedRequest, EmbedResult, RerankRequest, RerankResult, Usage
 from radixserve.tei.v1 import tei_pb2 as tei
 
@@ -264,13 +265,15 @@ def test_no_task_outlives_a_cancelled_bidirectional_stream():
 # The HTTP face: the application as Ray's proxy drives it, one ASGI call per request.
 
 class Scorer:
-    """What `build_app` and the refusals tested here use of the ingress: limits, keys, metrics."""
+    """What `build_app` and the refusals tested here use of the ingress: limits, keys, metrics, the model card (its
+    primary task picks TEI's default route)."""
 
     def __init__(self, **settings):
         self.args = AppArgs(model="no-model", tasks={"max_items": MAX_ITEMS},
                             limits={"max_request_bytes": MAX_REQUEST_BYTES, **settings})
         self.api_keys = ApiKeys([KEY])
         self.metrics = IngressMetrics()
+        self.card = ModelCard("no-model", "no-model", "rerank", ())
 
 
 def never_receive(reads: list) -> Callable:

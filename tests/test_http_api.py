@@ -39,7 +39,7 @@ MAX_ITEMS = 8
 MAX_REQUEST_BYTES = 65536
 TOL = 1e-5
 OPERATIONS = ("/v1/rerank", "/v2/rerank", "/v1/embeddings", "/rerank", "/embed", "/predict", "/similarity",
-              "/tokenize", "/info", "/health", "/ping", "/", "/invocations")
+              "/tokenize", "/decode", "/info", "/health", "/ping", "/", "/invocations")
 pytestmark = [pytest.mark.serve, pytest.mark.timeout(300)]
 
 
@@ -193,6 +193,7 @@ print(json.dumps({
     "info": [info.server_model_id, info.server_model_type.value, info.max_client_batch_size],
     "embedder_type": embedder.info().server_model_type.value,
     "vectors": embedder.embed(texts, normalize=False),
+    "decoded": reranker.decode([t.id for t in reranker.tokenize(texts[0], add_special_tokens=False)[0].tokens]),
 }))
 """
 
@@ -213,6 +214,7 @@ def test_tei_client_rerank_embed_info(served, engine):
     assert reply["info"] == [NAME, "reranker", MAX_ITEMS]
     assert reply["embedder_type"] == "embedding"
     np.testing.assert_allclose(reply["vectors"], engine.embed(TEXTS, normalize=False).embeddings, atol=TOL)
+    assert reply["decoded"] == [TEXTS[0]]
 
 
 def test_tei_predict_scores_pairs_with_the_reranker(served, engine):
@@ -332,6 +334,28 @@ def test_tei_tokenize_and_health(served, engine):
     info = httpx.get(f"{served.url}/info", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
     assert info.json()["model_id"] == NAME
     assert set(httpx.get(f"{served.url}/openapi.json", timeout=10).json()["paths"]) == set(OPERATIONS)
+
+
+def test_tei_decode_gives_the_texts_of_token_ids_the_tokenizer_has(served, engine):
+    prompts = engine.context.prompt_tokenizer()
+    ids = [prompts.encode(text) for text in TEXTS]
+    assert post(served.url, "/decode", {"ids": ids}).json() == TEXTS
+    assert post(served.url, "/decode", {"ids": ids[0]}).json() == TEXTS[:1]
+    special = prompts.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    kept = post(served.url, "/decode", {"ids": [*ids[0], special], "skip_special_tokens": False}).json()
+    assert kept == [TEXTS[0] + "<|im_end|>"]
+    assert post(served.url, "/decode", {"ids": [*ids[0], special]}).json() == TEXTS[:1]
+    unknown = post(served.url, "/decode", {"ids": [ids[0], [1, 10**9]]})
+    assert unknown.status_code == 422
+    assert unknown.json()["error"].startswith("ids[1] holds 1000000000, which is no token id of the model's tokenizer")
+    negative = post(served.url, "/decode", {"ids": [-1]})
+    assert negative.status_code == 422 and negative.json()["error"].startswith("ids holds -1")
+    limit = httpx.get(f"{served.url}/info", headers={"Authorization": f"Bearer {KEY}"}).json()["max_input_length"]
+    too_long = post(served.url, "/decode", {"ids": [1] * (limit + 1)})
+    assert too_long.status_code == 422
+    assert too_long.json()["error"].startswith(f"ids has {limit + 1} ids, over the limit of {limit} per item")
+    too_many = post(served.url, "/decode", {"ids": [[1]] * (MAX_ITEMS + 1)})
+    assert too_many.status_code == 422 and f"limit of {MAX_ITEMS}" in too_many.json()["error"]
 
 
 def test_cohere_errors(served):

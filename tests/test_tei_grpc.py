@@ -1,10 +1,10 @@
 """TEI's gRPC API (tei.v1) end to end on a local Ray: Ray Serve's gRPC proxy with serve_config.yaml's servicers, the
 application built from a tiny model. The real `tei-client` GrpcClient (in a subprocess: its stubs and ours both
-define tei.v1 in protobuf's default pool) reranks, embeds and reads Info, and gets the library's answers; plain
-grpcio calls cover the streams, Predict, left truncation, the dispatch by message type and the status codes. Four
-configurations are deployed in turn (the tiny causal LM's default primary task rerank, primary_task embed, keyed,
-and a tiny sequence-classification model for Predict); each test asks for the one it needs.
-"""
+define tei.v1 in protobuf's default pool) reranks, embeds, tokenizes, decodes and reads Info, and gets the
+library's answers; plain grpcio calls cover the streams, Predict and PredictPair, left truncation, the dispatch by
+message type and the status codes. Four configurations are deployed in turn (the tiny causal LM's default primary
+task rerank, primary_task embed, keyed, and a tiny sequence-classification model for Predict); each test asks for
+the one it needs."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ for method, kwargs in json.loads(sys.argv[2]):
             answers.append(client.info().model_dump(mode="json", by_alias=True))
         elif method == "rerank":
             answers.append([rank.model_dump() for rank in client.rerank(**kwargs).ranks])
+        elif method == "tokenize":
+            answers.append([[token.model_dump() for token in result.tokens] for result in client.tokenize(**kwargs)])
+        elif method == "decode":
+            answers.append(client.decode(**kwargs))
         else:
             answers.append([list(vector) for vector in client.embed(**kwargs)])
     except Exception as err:
@@ -209,6 +213,14 @@ BAD_INPUTS = {
                                "has no sequence-classification head, so it has no labels of its own"),
     "oversize": ("Embed", "Embed", tei.EmbedRequest(inputs="x" * MAX_REQUEST_BYTES), "RESOURCE_EXHAUSTED",
                  f"over the limit of {MAX_REQUEST_BYTES} bytes (max_request_bytes)"),
+    "pair-of-one": ("Predict", "PredictPair", tei.PredictPairRequest(inputs=[QUERY]), "INVALID_ARGUMENT",
+                    "inputs has 1 texts: send a [text, text_pair] pair"),
+    "pair-too-long": ("Predict", "PredictPair", tei.PredictPairRequest(inputs=[QUERY, TOO_LONG]), "INVALID_ARGUMENT",
+                      "inputs[1] gives a sequence of"),
+    "tokenize-too-long": ("Tokenize", "Tokenize", tei.EncodeRequest(inputs=TOO_LONG), "INVALID_ARGUMENT",
+                          "inputs has 3003 tokens; the limit is 2048 per text"),
+    "decode-unknown-id": ("Tokenize", "Decode", tei.DecodeRequest(ids=[1, 10**6]), "INVALID_ARGUMENT",
+                          "ids holds 1000000, which is no token id of the model's tokenizer"),
     "stream-empty": ("Rerank", "RerankStream", iter([]), "INVALID_ARGUMENT", "RerankStream received no messages"),
     "stream-too-many": ("Rerank", "RerankStream", iter([tei.RerankStreamRequest(query=QUERY, text="d")] * 20),
                         "INVALID_ARGUMENT", f"the stream has more than {MAX_ITEMS} messages, the limit of one call"),
@@ -226,6 +238,25 @@ def test_bad_input_gets_its_code_and_a_message_naming_the_field(deployment, case
         getattr(deployment.use("rerank").stub(service), method)(request, timeout=60)
     assert caught.value.code().name == code and message in caught.value.details(), caught.value.details()
     assert "Traceback" not in caught.value.details()
+
+
+@pytest.mark.timeout(180)
+def test_tei_client_tokenizes_and_decodes_and_pairs_are_scored_by_the_reranker(deployment, engine):
+    texts = ["a radix tree", "page<|im_end|>yes"]
+    (tokens,) = deployment.use("rerank").tei_client([("tokenize", {"text": texts, "add_special_tokens": False})])
+    assert [token["id"] for token in tokens[0]] == engine.context.prompt_tokenizer().encode(texts[0])
+    assert ["".join(token["text"] for token in row) for row in tokens] == texts
+    assert not any(token["special"] for row in tokens for token in row)  # a literal in user text is plain text
+    ids = [[token["id"] for token in row] for row in tokens]
+    one, both = deployment.tei_client([("decode", {"tokenized_input": ids[0]}), ("decode", {"tokenized_input": ids})])
+    assert (one, both) == (texts[0], texts)
+    predict = deployment.stub("Predict")
+    want = [engine.rerank(QUERY, [doc]).results[0].score for doc in DOCS[:3]]
+    reply = predict.PredictPair(tei.PredictPairRequest(inputs=[QUERY, DOCS[0]]), timeout=60)
+    assert [(p.label, p.score) for p in reply.predictions] == [("relevance", pytest.approx(want[0], abs=1e-5))]
+    replies = list(predict.PredictPairStream(iter([tei.PredictPairRequest(inputs=[QUERY, doc]) for doc in DOCS[:3]]),
+                                             timeout=60))
+    np.testing.assert_allclose([r.predictions[0].score for r in replies], want, atol=1e-5)
 
 
 @pytest.mark.timeout(120)

@@ -1,11 +1,15 @@
 """Text Embeddings Inference's gRPC API (`tei.v1`, proto/tei/v1/tei.proto) as requests of the library's tasks: each
-TEI request message type is one `TeiCall` (`CALLS`, keyed by the message class) that reads a message's fields into
-task requests (through `deployments.tei`, which converts TEI's fields for both TEI transports) and their results
-into TEI's response; its errors name TEI's fields (`TeiCall.names`, a table applied to the structured error).
+TEI request message type is one `TeiCall` (`CALLS`, keyed by the message class). Most are `TaskCall`s, which read a
+message's fields into task requests (through `deployments.tei`, which converts TEI's fields for both TEI
+transports) and their results into TEI's response; their errors name TEI's fields (`TaskCall.names`, a table
+applied to the structured error). Tokenize and Decode need no engine: the ingress's tokenizer answers them.
 
-    Rerank, Embed, Predict     unary: the call's requests take the one request path together (`answer_all`)
+    Rerank, Embed, Predict,    unary: the call's requests take the one request path together (`answer_all`)
+    PredictPair
     RerankStream               client stream: read whole within the limits, then answered as one call
-    EmbedStream, PredictStream bidirectional: each message answered as its unary call, up to STREAM_WINDOW at once
+    EmbedStream, PredictStream, bidirectional: each message answered as its unary call, up to STREAM_WINDOW at once
+    PredictPairStream, TokenizeStream, DecodeStream
+    Tokenize, Decode           unary: the tokenizer at the ingress (in a worker thread), as HTTP /tokenize, /decode
     Info                       `Server.info()` as TEI's InfoResponse
 
 Rerank, Embed, Predict and Info share their names with radixserve.v1's rpcs, so they reach the same ingress
@@ -47,11 +51,20 @@ from radixserve.tei.v1 import tei_pb2 as tei
 
 
 class TeiCall(ABC):
-    """One TEI request message answered by requests of one library task: `requests` gives the task requests,
-    `reply` the response from their results in the same order."""
+    """One TEI request message type and how the ingress answers it."""
 
     task: ClassVar[str]  # the metrics' task label
     response: ClassVar[type[Message]]
+
+    @abstractmethod
+    async def answer(self, server: Server, request: Any, priority: Priority) -> Message:
+        """TEI's response to `request` (a message, or a client stream's messages)."""
+
+
+class TaskCall(TeiCall):
+    """A call answered by requests of one library task: `requests` gives the task requests, `reply` the response
+    from their results in the same order; a task's error names TEI's fields (`names`)."""
+
     names: ClassVar[FieldNames]  # the library's field names in errors, as TEI's
 
     @abstractmethod
@@ -59,11 +72,20 @@ class TeiCall(ABC):
         """The task requests that answer `request`; a RequestError names a TEI field radixserve does not serve."""
 
     @abstractmethod
-    def reply(self, request: Any, results: Sequence[Any], elapsed_ns: int) -> Message:
+    def reply(self, server: Server, request: Any, results: Sequence[Any], elapsed_ns: int) -> Message:
         """TEI's response to `request` from the task's results."""
 
+    async def answer(self, server: Server, request: Any, priority: Priority) -> Message:
+        """The task requests at once (all or none: the first failure cancels the others), then TEI's response."""
+        started = time.perf_counter_ns()
+        try:
+            results = await answer_all(server.answer, self.requests(request), priority)
+        except Exception as err:
+            raise renamed(self.names, err)
+        return await asyncio.to_thread(self.reply, server, request, results, time.perf_counter_ns() - started)
 
-class RerankCall(TeiCall):
+
+class RerankCall(TaskCall):
     """`Rerank`: one rerank of `texts` against `query`, ranks best first (the library's order)."""
 
     task = "rerank"
@@ -74,14 +96,15 @@ class RerankCall(TeiCall):
         return [tei_fields.rerank_request(request.query, list(request.texts), request.raw_scores,
                                           request.return_text, request.truncate, request.truncation_direction)]
 
-    def reply(self, request: tei.RerankRequest, results: Sequence[RerankResult], elapsed_ns: int) -> Message:
+    def reply(self, server: Server, request: tei.RerankRequest, results: Sequence[RerankResult],
+              elapsed_ns: int) -> Message:
         (result,) = results
         chars = len(request.texts) * len(request.query) + sum(len(text) for text in request.texts)
         return tei.RerankResponse(ranks=[rank(hit) for hit in result.results],
                                   metadata=metadata(chars, result.usage.input_tokens, elapsed_ns))
 
 
-class RerankStreamCall(TeiCall):
+class RerankStreamCall(TaskCall):
     """`RerankStream`: one (query, text) pair per message, ranks indexed by message. The messages of one query (and
     truncation) are one rerank, so their query is computed once; `raw_scores` and `return_text` are the first
     message's, as in TEI."""
@@ -98,7 +121,7 @@ class RerankStreamCall(TeiCall):
                                           first.return_text, truncate, direction)
                 for (query, truncate, direction), indices in self._groups(messages).items()]
 
-    def reply(self, messages: Sequence[tei.RerankStreamRequest], results: Sequence[RerankResult],
+    def reply(self, server: Server, messages: Sequence[tei.RerankStreamRequest], results: Sequence[RerankResult],
               elapsed_ns: int) -> Message:
         hits = [RerankHit(indices[hit.index], hit.score, hit.document)
                 for indices, result in zip(self._groups(messages).values(), results) for hit in result.results]
@@ -116,7 +139,7 @@ class RerankStreamCall(TeiCall):
         return groups
 
 
-class EmbedCall(TeiCall):
+class EmbedCall(TaskCall):
     """`Embed` (and each message of `EmbedStream`): one text's vector, normalised unless `normalize` is false."""
 
     task = "embed"
@@ -129,34 +152,90 @@ class EmbedCall(TeiCall):
         return [tei_fields.embed_request([request.inputs], truncate=request.truncate,
                                          truncation_direction=request.truncation_direction, **optional)]
 
-    def reply(self, request: tei.EmbedRequest, results: Sequence[EmbedResult], elapsed_ns: int) -> Message:
+    def reply(self, server: Server, request: tei.EmbedRequest, results: Sequence[EmbedResult],
+              elapsed_ns: int) -> Message:
         (result,) = results
         return tei.EmbedResponse(embeddings=result.embeddings[0].tolist(),
                                  metadata=metadata(len(request.inputs), result.usage.input_tokens, elapsed_ns))
 
 
-class PredictCall(TeiCall):
+class PredictCall(TaskCall):
     """`Predict` (and each message of `PredictStream`): one text's labels, by the model's sequence-classification
     head, best first."""
 
     task = "predict"
     response = tei.PredictResponse
-    names = tei_fields.ONE_TEXT_PREDICT_NAMES
+    names = tei_fields.ONE_INPUT_NAMES
 
     def requests(self, request: tei.PredictRequest) -> list[TaskRequest]:
         return [tei_fields.predict_request([request.inputs], request.raw_scores, request.truncate,
                                            request.truncation_direction)]
 
-    def reply(self, request: tei.PredictRequest, results: Sequence[PredictResult], elapsed_ns: int) -> Message:
+    def reply(self, server: Server, request: tei.PredictRequest, results: Sequence[PredictResult],
+              elapsed_ns: int) -> Message:
         (result,) = results
         return tei.PredictResponse(predictions=[tei.Prediction(score=hit.score, label=hit.label)
                                                 for hit in result.results[0]],
                                    metadata=metadata(len(request.inputs), result.usage.input_tokens, elapsed_ns))
 
 
+class PredictPairCall(TaskCall):
+    """`PredictPair` (and each message of `PredictPairStream`): a [text, text_pair] pair scored by the rerank task,
+    as HTTP /predict scores one, labelled with the score head's one label (else "relevance")."""
+
+    task = "rerank"
+    response = tei.PredictResponse
+    names = tei_fields.ONE_PAIR_NAMES
+
+    def requests(self, request: tei.PredictPairRequest) -> list[TaskRequest]:
+        if len(request.inputs) != 2:
+            raise RequestError.about("inputs", f"has {len(request.inputs)} texts", "send a [text, text_pair] pair")
+        text, pair = request.inputs
+        return [tei_fields.rerank_request(text, [pair], request.raw_scores, False, request.truncate,
+                                          request.truncation_direction)]
+
+    def reply(self, server: Server, request: tei.PredictPairRequest, results: Sequence[RerankResult],
+              elapsed_ns: int) -> Message:
+        (result,) = results
+        (hit,) = result.results
+        return tei.PredictResponse(predictions=[tei.Prediction(score=hit.score,
+                                                               label=tei_fields.rerank_label(server.card))],
+                                   metadata=metadata(sum(map(len, request.inputs)), result.usage.input_tokens,
+                                                     elapsed_ns))
+
+
+class TokenizeCall(TeiCall):
+    """`Tokenize` (and each message of `TokenizeStream`): one text's tokens, as HTTP /tokenize gives them."""
+
+    task = "tokenize"
+    response = tei.EncodeResponse
+
+    async def answer(self, server: Server, request: tei.EncodeRequest, priority: Priority) -> Message:
+        prompt_name = request.prompt_name if request.HasField("prompt_name") else None
+        try:
+            (tokens,) = await asyncio.to_thread(tei_fields.tokens, server.context, [request.inputs],
+                                                request.add_special_tokens, prompt_name)
+        except RequestError as err:
+            raise err.renamed(tei_fields.ONE_INPUT_NAMES) from None
+        return tei.EncodeResponse(tokens=[tei.SimpleToken(**token) for token in tokens])
+
+
+class DecodeCall(TeiCall):
+    """`Decode` (and each message of `DecodeStream`): one sequence of ids as text, as HTTP /decode gives it."""
+
+    task = "decode"
+    response = tei.DecodeResponse
+
+    async def answer(self, server: Server, request: tei.DecodeRequest, priority: Priority) -> Message:
+        (text,) = await asyncio.to_thread(tei_fields.decode, server.context, [list(request.ids)],
+                                          request.skip_special_tokens, one=True)
+        return tei.DecodeResponse(text=text)
+
+
 CALLS: dict[type[Message], TeiCall] = {
     tei.RerankRequest: RerankCall(), tei.RerankStreamRequest: RerankStreamCall(), tei.EmbedRequest: EmbedCall(),
-    tei.PredictRequest: PredictCall()}
+    tei.PredictRequest: PredictCall(), tei.PredictPairRequest: PredictPairCall(), tei.EncodeRequest: TokenizeCall(),
+    tei.DecodeRequest: DecodeCall()}
 
 
 class TeiService(GrpcService):
@@ -186,7 +265,7 @@ async def answer_unary(call: TeiCall, server: Server, request: Message | None,
     """One tei.v1 call of a message (None: a stream refused by its key, which `answer_call` answers before
     `answer` could run)."""
     async def answer() -> Message:
-        return await answer_tei(server, call, request, metadata_priority(grpc_context))
+        return await call.answer(server, request, metadata_priority(grpc_context))
     return await answer_call(server, request, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
 
@@ -198,7 +277,7 @@ async def answer_client_stream(call: TeiCall, server: Server, requests: AsyncIte
         args = server.args
         messages = await read_whole(requests, args.tasks.max_items, args.limits.max_request_bytes,
                                     args.limits.client_input_timeout_s)
-        return await answer_tei(server, call, messages, metadata_priority(grpc_context))
+        return await call.answer(server, messages, metadata_priority(grpc_context))
     return await answer_call(server, None, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
 
@@ -212,17 +291,6 @@ async def answer_bidirectional(call: TeiCall, server: Server, requests: AsyncIte
     async for reply in answer_each(requests, grpc_context, server.args.limits.client_input_timeout_s,
                                    partial(answer_unary, call, server)):
         yield reply
-
-
-async def answer_tei(server: Server, call: TeiCall, request: Message | list[Message], priority: Priority) -> Message:
-    """The task requests of `call` at once (all or none: the first failure cancels the others), then TEI's
-    response; a task's error names TEI's fields."""
-    started = time.perf_counter_ns()
-    try:
-        results = await answer_all(server.answer, call.requests(request), priority)
-    except Exception as err:
-        raise renamed(call.names, err)
-    return await asyncio.to_thread(call.reply, request, results, time.perf_counter_ns() - started)
 
 
 async def answer_info(server: Server, request: tei.InfoRequest, grpc_context: RayServegRPCContext) -> Message:

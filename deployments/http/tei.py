@@ -7,6 +7,7 @@
     POST /similarity {inputs: {source_sentence, sentences}, parameters: {truncate, truncation_direction}}
                     -> the cosine similarity of each sentence's embedding to the source sentence's
     POST /tokenize  {inputs, add_special_tokens} -> per input [{id, text, special, start, stop}]
+    POST /decode    {ids: ids or a list of them, skip_special_tokens} -> [text] (one per list of ids)
     POST /          the route of the model's type: /rerank (reranker), /embed (embedding), /predict (classifier);
     POST /invocations  the same (SageMaker's name for it)
     GET  /info      the model, its `model_type` ({"reranker"|"embedding"|"classifier": metadata}) and limits
@@ -45,8 +46,8 @@ from deployments.http.dialect import Dialect
 from deployments.http.errors import UNHEALTHY, ApiError, ErrorKind
 from deployments.http.service import Service
 from radix_core.errors import RequestError
-from radix_core.tasks import PredictResult, RerankResult, TaskContext, Usage
-from radix_core.tasks.request import check_count, check_items
+from radix_core.tasks import PredictResult, RerankResult, Usage
+from radix_core.tasks.request import check_count
 
 HEALTH_TIMEOUT_S = 5.0  # /health answers 503 when no engine replica answers within this
 
@@ -121,6 +122,12 @@ class TokenizeRequest(BaseModel):
     prompt_name: str | None = Field(None, description="Not supported: leave it out.")
 
 
+class DecodeRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "2" is no integer, "yes" no boolean
+    ids: list[int] | list[list[int]] = Field(description="Token ids, or a list of lists of them.")
+    skip_special_tokens: bool = Field(True, description="Leave the tokenizer's special tokens out of the text.")
+
+
 class Token(BaseModel):
     id: int
     text: str
@@ -193,9 +200,17 @@ class TeiDialect(Dialect):
         @router.post("/tokenize", responses={200: {"model": list[list[Token]]}}, summary="TEI tokenize", **keyed)
         async def tokenize(body: TokenizeRequest):
             texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-            tokens = await asyncio.to_thread(_tokens, service.scorer.context, texts, body.add_special_tokens,
-                                             body.prompt_name)
+            tokens = await asyncio.to_thread(tei_fields.tokens, service.scorer.context, texts,
+                                             body.add_special_tokens, body.prompt_name)
             return await service.respond(lambda: tokens)
+
+        @router.post("/decode", responses={200: {"model": list[str]}}, summary="TEI decode", **keyed)
+        async def decode(body: DecodeRequest):
+            one = not body.ids or isinstance(body.ids[0], int)
+            sequences = [body.ids] if one else body.ids
+            texts = await asyncio.to_thread(tei_fields.decode, service.scorer.context, sequences,
+                                            body.skip_special_tokens, one=one)
+            return await service.respond(lambda: texts)
 
         @router.get("/info", response_model=Info, summary="TEI info: the model, its type and limits", **keyed)
         async def info():
@@ -293,22 +308,3 @@ async def _predict(service: Service, items: Sequence[str | tuple[str, str]],
         for i, scores in zip(texts, predicted.results):
             rows[i] = [{"label": hit.label, "score": hit.score} for hit in scores]
     return rows, Usage.total([result.usage for result in results])
-
-
-def _tokens(context: TaskContext, texts: list[str], add_special_tokens: bool,
-            prompt_name: str | None) -> list[list[dict[str, Any]]]:
-    """Each text's tokens as the tasks encode user text (special-token literals plain unless the config trusts
-    them), bounded as the tasks bound their items: at most max_items texts of at most the per-item token limit
-    (a RequestError names the text and the limit)."""
-    tei_fields.check_prompt_name(prompt_name)
-    check_items("inputs", texts, context.config.max_items)
-    prompts = context.prompt_tokenizer()
-    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, field="inputs",
-                                    trust=context.config.special_tokens_in_user_text)
-    special = set(prompts.tokenizer.all_special_ids)
-    out = []
-    for text, encoding in zip(texts, encodings):
-        out.append([{"id": i, "text": piece if i in special else text[start:stop], "special": i in special,
-                     "start": None if i in special else start, "stop": None if i in special else stop}
-                    for i, piece, (start, stop) in zip(encoding.ids, encoding.tokens, encoding.offsets)])
-    return out

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bradixserve/tei/v1/tei.proto\x12\x06tei.v1\"\r\n\x0bInfoRequest\"\xa3\x03\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x03sha\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0c\x64ocker_label\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x10\n\x08model_id\x18\x04 \x01(\t\x12\x16\n\tmodel_sha\x18\x05 \x01(\tH\x02\x88\x01\x01\x12\x13\n\x0bmodel_dtype\x18\x06 \x01(\t\x12%\n\nmodel_type\x18\x07 \x01(\x0e\x32\x11.tei.v1.ModelType\x12\x1f\n\x17max_concurrent_requests\x18\x08 \x01(\r\x12\x18\n\x10max_input_length\x18\t \x01(\r\x12\x18\n\x10max_batch_tokens\x18\n \x01(\r\x12\x1f\n\x12max_batch_requests\x18\x0b \x01(\rH\x03\x88\x01\x01\x12\x1d\n\x15max_client_batch_size\x18\x0c \x01(\r\x12\x1c\n\x14tokenization_workers\x18\r \x01(\rB\x06\n\x04_shaB\x0f\n\r_docker_labelB\x0c\n\n_model_shaB\x15\n\x13_max_batch_requests\"\xa0\x01\n\x08Metadata\x12\x15\n\rcompute_chars\x18\x01 \x01(\r\x12\x16\n\x0e\x63ompute_tokens\x18\x02 \x01(\r\x12\x15\n\rtotal_time_ns\x18\x03 \x01(\x04\x12\x1c\n\x14tokenization_time_ns\x18\x04 \x01(\x04\x12\x15\n\rqueue_time_ns\x18\x05 \x01(\x04\x12\x19\n\x11inference_time_ns\x18\x06 \x01(\x04\"\xe3\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x01(\t\x12\x10\n\x08truncate\x18\x02 \x01(\x08\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x39\n\x14truncation_direction\x18\x04 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\x12\x18\n\x0bprompt_name\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\ndimensions\x18\x06 \x01(\rH\x02\x88\x01\x01\x42\x0c\n\n_normalizeB\x0e\n\x0c_prompt_nameB\r\n\x0b_dimensions\"G\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x03(\x02\x12\"\n\x08metadata\x18\x02 \x01(\x0b\x32\x10.tei.v1.Metadata\"\x81\x01\n\x0ePredictRequest\x12\x0e\n\x06inputs\x18\x01 \x01(\t\x12\x10\n\x08truncate\x18\x02 \x01(\x08\x12\x12\n\nraw_scores\x18\x03 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x04 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"*\n\nPrediction\x12\r\n\x05score\x18\x01 \x01(\x02\x12\r\n\x05label\x18\x02 \x01(\t\"^\n\x0fPredictResponse\x12\'\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x12.tei.v1.Prediction\x12\"\n\x08metadata\x18\x02 \x01(\x0b\x32\x10.tei.v1.Metadata\"\xa3\x01\n\rRerankRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x10\n\x08truncate\x18\x03 \x01(\x08\x12\x12\n\nraw_scores\x18\x04 \x01(\x08\x12\x13\n\x0breturn_text\x18\x05 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x06 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"\xa8\x01\n\x13RerankStreamRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08truncate\x18\x03 \x01(\x08\x12\x12\n\nraw_scores\x18\x04 \x01(\x08\x12\x13\n\x0breturn_text\x18\x05 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x06 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"@\n\x04Rank\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\x04text\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05score\x18\x03 \x01(\x02\x42\x07\n\x05_text\"Q\n\x0eRerankResponse\x12\x1b\n\x05ranks\x18\x01 \x03(\x0b\x32\x0c.tei.v1.Rank\x12\"\n\x08metadata\x18\x02 \x01(\x0b\x32\x10.tei.v1.Metadata*Y\n\tModelType\x12\x18\n\x14MODEL_TYPE_EMBEDDING\x10\x00\x12\x19\n\x15MODEL_TYPE_CLASSIFIER\x10\x01\x12\x17\n\x13MODEL_TYPE_RERANKER\x10\x02*T\n\x13TruncationDirection\x12\x1e\n\x1aTRUNCATION_DIRECTION_RIGHT\x10\x00\x12\x1d\n\x19TRUNCATION_DIRECTION_LEFT\x10\x01\x32>\n\x04Info\x12\x36\n\x04Info\x12\x13.tei.v1.InfoRequest\x1a\x14.tei.v1.InfoResponse\"\x03\x90\x02\x02\x32}\n\x05\x45mbed\x12\x34\n\x05\x45mbed\x12\x14.tei.v1.EmbedRequest\x1a\x15.tei.v1.EmbedResponse\x12>\n\x0b\x45mbedStream\x12\x14.tei.v1.EmbedRequest\x1a\x15.tei.v1.EmbedResponse(\x01\x30\x01\x32\x8b\x01\n\x07Predict\x12:\n\x07Predict\x12\x16.tei.v1.PredictRequest\x1a\x17.tei.v1.PredictResponse\x12\x44\n\rPredictStream\x12\x16.tei.v1.PredictRequest\x1a\x17.tei.v1.PredictResponse(\x01\x30\x01\x32\x88\x01\n\x06Rerank\x12\x37\n\x06Rerank\x12\x15.tei.v1.RerankRequest\x1a\x16.tei.v1.RerankResponse\x12\x45\n\x0cRerankStream\x12\x1b.tei.v1.RerankStreamRequest\x1a\x16.tei.v1.RerankResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bradixserve/tei/v1/tei.proto\x12\x06tei.v1\"\r\n\x0bInfoRequest\"\xa3\x03\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x03sha\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0c\x64ocker_label\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x10\n\x08model_id\x18\x04 \x01(\t\x12\x16\n\tmodel_sha\x18\x05 \x01(\tH\x02\x88\x01\x01\x12\x13\n\x0bmodel_dtype\x18\x06 \x01(\t\x12%\n\nmodel_type\x18\x07 \x01(\x0e\x32\x11.tei.v1.ModelType\x12\x1f\n\x17max_concurrent_requests\x18\x08 \x01(\r\x12\x18\n\x10max_input_length\x18\t \x01(\r\x12\x18\n\x10max_batch_tokens\x18\n \x01(\r\x12\x1f\n\x12max_batch_requests\x18\x0b \x01(\rH\x03\x88\x01\x01\x12\x1d\n\x15max_client_batch_size\x18\x0c \x01(\r\x12\x1c\n\x14tokenization_workers\x18\r \x01(\rB\x06\n\x04_shaB\x0f\n\r_docker_labelB\x0c\n\n_model_shaB\x15\n\x13_max_batch_requests\"\xa0\x01\n\x08Metadata\x12\x15\n\rcompute_chars\x18\x01 \x01(\r\x12\x16\n\x0e\x63ompute_tokens\x18\x02 \x01(\r\x12\x15\n\rtotal_time_ns\x18\x03 \x01(\x04\x12\x1c\n\x14tokenization_time_ns\x18\x04 \x01(\x04\x12\x15\n\rqueue_time_ns\x18\x05 \x01(\x04\x12\x19\n\x11inference_time_ns\x18\x06 \x01(\x04\"\xe3\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x01(\t\x12\x10\n\x08truncate\x18\x02 \x01(\x08\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x39\n\x14truncation_direction\x18\x04 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\x12\x18\n\x0bprompt_name\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x17\n\ndimensions\x18\x06 \x01(\rH\x02\x88\x01\x01\x42\x0c\n\n_normalizeB\x0e\n\x0c_prompt_nameB\r\n\x0b_dimensions\"G\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x03(\x02\x12\"\n\x08metadata\x18\x02 \x01(\x0b\x32\x10.tei.v1.Metadata\"\x81\x01\n\x0ePredictRequest\x12\x0e\n\x06inputs\x18\x01 \x01(\t\x12\x10\n\x08truncate\x18\x02 \x01(\x08\x12\x12\n\nraw_scores\x18\x03 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x04 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"\x85\x01\n\x12PredictPairRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\x10\n\x08truncate\x18\x02 \x01(\x08\x12\x12\n\nraw_scores\x18\x03 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x04 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"*\n\nPrediction\x12\r\n\x05score\x18\x01 \x01(\x02\x12\r\n\x05label\x18\x02 \x01(\t\"^\n\x0fPredictResponse\x12\'\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x12.tei.v1.Prediction\x12\"\n\x08metadata\x18\x02 \x01(\x0b\x32\x10.tei.v1.Metadata\"\xa3\x01\n\rRerankRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x10\n\x08truncate\x18\x03 \x01(\x08\x12\x12\n\nraw_scores\x18\x04 \x01(\x08\x12\x13\n\x0breturn_text\x18\x05 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x06 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"\xa8\x01\n\x13RerankStreamRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08truncate\x18\x03 \x01(\x08\x12\x12\n\nraw_scores\x18\x04 \x01(\x08\x12\x13\n\x0breturn_text\x18\x05 \x01(\x08\x12\x39\n\x14truncation_direction\x18\x06 \x01(\x0e\x32\x1b.tei.v1.TruncationDirection\"@\n\x04Rank\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\x04text\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05score\x18\x03 \x01(\x02\x42\x07\n\x05_text\"Q\n\x0eRerankResponse\x12\x1b\n\x05ranks\x18\x01 \x03(\x0b\x32\x0c.tei.v1.Rank\x12\"\n\x08metadata\x18\x02 \x01(\x0b\x32\x10.tei.v1.Metadata\"e\n\rEncodeRequest\x12\x0e\n\x06inputs\x18\x01 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08\x12\x18\n\x0bprompt_name\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0e\n\x0c_prompt_name\"r\n\x0bSimpleToken\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07special\x18\x03 \x01(\x08\x12\x12\n\x05start\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x11\n\x04stop\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x08\n\x06_startB\x07\n\x05_stop\"5\n\x0e\x45ncodeResponse\x12#\n\x06tokens\x18\x01 \x03(\x0b\x32\x13.tei.v1.SimpleToken\"9\n\rDecodeRequest\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\x1e\n\x0e\x44\x65\x63odeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t*Y\n\tModelType\x12\x18\n\x14MODEL_TYPE_EMBEDDING\x10\x00\x12\x19\n\x15MODEL_TYPE_CLASSIFIER\x10\x01\x12\x17\n\x13MODEL_TYPE_RERANKER\x10\x02*T\n\x13TruncationDirection\x12\x1e\n\x1aTRUNCATION_DIRECTION_RIGHT\x10\x00\x12\x1d\n\x19TRUNCATION_DIRECTION_LEFT\x10\x01\x32>\n\x04Info\x12\x36\n\x04Info\x12\x13.tei.v1.InfoRequest\x1a\x14.tei.v1.InfoResponse\"\x03\x90\x02\x02\x32}\n\x05\x45mbed\x12\x34\n\x05\x45mbed\x12\x14.tei.v1.EmbedRequest\x1a\x15.tei.v1.EmbedResponse\x12>\n\x0b\x45mbedStream\x12\x14.tei.v1.EmbedRequest\x1a\x15.tei.v1.EmbedResponse(\x01\x30\x01\x32\x9d\x02\n\x07Predict\x12:\n\x07Predict\x12\x16.tei.v1.PredictRequest\x1a\x17.tei.v1.PredictResponse\x12\x42\n\x0bPredictPair\x12\x1a.tei.v1.PredictPairRequest\x1a\x17.tei.v1.PredictResponse\x12\x44\n\rPredictStream\x12\x16.tei.v1.PredictRequest\x1a\x17.tei.v1.PredictResponse(\x01\x30\x01\x12L\n\x11PredictPairStream\x12\x1a.tei.v1.PredictPairRequest\x1a\x17.tei.v1.PredictResponse(\x01\x30\x01\x32\x88\x01\n\x06Rerank\x12\x37\n\x06Rerank\x12\x15.tei.v1.RerankRequest\x1a\x16.tei.v1.RerankResponse\x12\x45\n\x0cRerankStream\x12\x1b.tei.v1.RerankStreamRequest\x1a\x16.tei.v1.RerankResponse(\x01\x32\x86\x02\n\x08Tokenize\x12\x39\n\x08Tokenize\x12\x15.tei.v1.EncodeRequest\x1a\x16.tei.v1.EncodeResponse\x12\x43\n\x0eTokenizeStream\x12\x15.tei.v1.EncodeRequest\x1a\x16.tei.v1.EncodeResponse(\x01\x30\x01\x12\x37\n\x06\x44\x65\x63ode\x12\x15.tei.v1.DecodeRequest\x1a\x16.tei.v1.DecodeResponse\x12\x41\n\x0c\x44\x65\x63odeStream\x12\x15.tei.v1.DecodeRequest\x1a\x16.tei.v1.DecodeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INFO'].methods_by_name['Info']._loaded_options = None
   _globals['_INFO'].methods_by_name['Info']._serialized_options = b'\220\002\002'
-  _globals['_MODELTYPE']._serialized_start=1700
-  _globals['_MODELTYPE']._serialized_end=1789
-  _globals['_TRUNCATIONDIRECTION']._serialized_start=1791
-  _globals['_TRUNCATIONDIRECTION']._serialized_end=1875
+  _globals['_MODELTYPE']._serialized_start=2201
+  _globals['_MODELTYPE']._serialized_end=2290
+  _globals['_TRUNCATIONDIRECTION']._serialized_start=2292
+  _globals['_TRUNCATIONDIRECTION']._serialized_end=2376
   _globals['_INFOREQUEST']._serialized_start=39
   _globals['_INFOREQUEST']._serialized_end=52
   _globals['_INFORESPONSE']._serialized_start=55
@@ -49,24 +49,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDRESPONSE']._serialized_end=940
   _globals['_PREDICTREQUEST']._serialized_start=943
   _globals['_PREDICTREQUEST']._serialized_end=1072
-  _globals['_PREDICTION']._serialized_start=1074
-  _globals['_PREDICTION']._serialized_end=1116
-  _globals['_PREDICTRESPONSE']._serialized_start=1118
-  _globals['_PREDICTRESPONSE']._serialized_end=1212
-  _globals['_RERANKREQUEST']._serialized_start=1215
-  _globals['_RERANKREQUEST']._serialized_end=1378
-  _globals['_RERANKSTREAMREQUEST']._serialized_start=1381
-  _globals['_RERANKSTREAMREQUEST']._serialized_end=1549
-  _globals['_RANK']._serialized_start=1551
-  _globals['_RANK']._serialized_end=1615
-  _globals['_RERANKRESPONSE']._serialized_start=1617
-  _globals['_RERANKRESPONSE']._serialized_end=1698
-  _globals['_INFO']._serialized_start=1877
-  _globals['_INFO']._serialized_end=1939
-  _globals['_EMBED']._serialized_start=1941
-  _globals['_EMBED']._serialized_end=2066
-  _globals['_PREDICT']._serialized_start=2069
-  _globals['_PREDICT']._serialized_end=2208
-  _globals['_RERANK']._serialized_start=2211
-  _globals['_RERANK']._serialized_end=2347
+  _globals['_PREDICTPAIRREQUEST']._serialized_start=1075
+  _globals['_PREDICTPAIRREQUEST']._serialized_end=1208
+  _globals['_PREDICTION']._serialized_start=1210
+  _globals['_PREDICTION']._serialized_end=1252
+  _globals['_PREDICTRESPONSE']._serialized_start=1254
+  _globals['_PREDICTRESPONSE']._serialized_end=1348
+  _globals['_RERANKREQUEST']._serialized_start=1351
+  _globals['_RERANKREQUEST']._serialized_end=1514
+  _globals['_RERANKSTREAMREQUEST']._serialized_start=1517
+  _globals['_RERANKSTREAMREQUEST']._serialized_end=1685
+  _globals['_RANK']._serialized_start=1687
+  _globals['_RANK']._serialized_end=1751
+  _globals['_RERANKRESPONSE']._serialized_start=1753
+  _globals['_RERANKRESPONSE']._serialized_end=1834
+  _globals['_ENCODEREQUEST']._serialized_start=1836
+  _globals['_ENCODEREQUEST']._serialized_end=1937
+  _globals['_SIMPLETOKEN']._serialized_start=1939
+  _globals['_SIMPLETOKEN']._serialized_end=2053
+  _globals['_ENCODERESPONSE']._serialized_start=2055
+  _globals['_ENCODERESPONSE']._serialized_end=2108
+  _globals['_DECODEREQUEST']._serialized_start=2110
+  _globals['_DECODEREQUEST']._serialized_end=2167
+  _globals['_DECODERESPONSE']._serialized_start=2169
+  _globals['_DECODERESPONSE']._serialized_end=2199
+  _globals['_INFO']._serialized_start=2378
+  _globals['_INFO']._serialized_end=2440
+  _globals['_EMBED']._serialized_start=2442
+  _globals['_EMBED']._serialized_end=2567
+  _globals['_PREDICT']._serialized_start=2570
+  _globals['_PREDICT']._serialized_end=2855
+  _globals['_RERANK']._serialized_start=2858
+  _globals['_RERANK']._serialized_end=2994
+  _globals['_TOKENIZE']._serialized_start=2997
+  _globals['_TOKENIZE']._serialized_end=3259
 # @@protoc_insertion_point(module_scope)

@@ -226,9 +226,19 @@ class PredictStub:
                 request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictRequest.SerializeToString,
                 response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
                 _registered_method=True)
+        self.PredictPair = channel.unary_unary(
+                '/tei.v1.Predict/PredictPair',
+                request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictPairRequest.SerializeToString,
+                response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
+                _registered_method=True)
         self.PredictStream = channel.stream_stream(
                 '/tei.v1.Predict/PredictStream',
                 request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictRequest.SerializeToString,
+                response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
+                _registered_method=True)
+        self.PredictPairStream = channel.stream_stream(
+                '/tei.v1.Predict/PredictPairStream',
+                request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictPairRequest.SerializeToString,
                 response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
                 _registered_method=True)
 
@@ -242,7 +252,19 @@ class PredictServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PredictPair(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PredictStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PredictPairStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -256,9 +278,19 @@ def add_PredictServicer_to_server(servicer, server):
                     request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictRequest.FromString,
                     response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.SerializeToString,
             ),
+            'PredictPair': grpc.unary_unary_rpc_method_handler(
+                    servicer.PredictPair,
+                    request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictPairRequest.FromString,
+                    response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.SerializeToString,
+            ),
             'PredictStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PredictStream,
                     request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictRequest.FromString,
+                    response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.SerializeToString,
+            ),
+            'PredictPairStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PredictPairStream,
+                    request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictPairRequest.FromString,
                     response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.SerializeToString,
             ),
     }
@@ -300,6 +332,33 @@ class Predict:
             _registered_method=True)
 
     @staticmethod
+    def PredictPair(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tei.v1.Predict/PredictPair',
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictPairRequest.SerializeToString,
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def PredictStream(request_iterator,
             target,
             options=(),
@@ -315,6 +374,33 @@ class Predict:
             target,
             '/tei.v1.Predict/PredictStream',
             radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictRequest.SerializeToString,
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PredictPairStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tei.v1.Predict/PredictPairStream',
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictPairRequest.SerializeToString,
             radixserve_dot_tei_dot_v1_dot_tei__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
@@ -431,6 +517,207 @@ class Rerank:
             '/tei.v1.Rerank/RerankStream',
             radixserve_dot_tei_dot_v1_dot_tei__pb2.RerankStreamRequest.SerializeToString,
             radixserve_dot_tei_dot_v1_dot_tei__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class TokenizeStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Tokenize = channel.unary_unary(
+                '/tei.v1.Tokenize/Tokenize',
+                request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeRequest.SerializeToString,
+                response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeResponse.FromString,
+                _registered_method=True)
+        self.TokenizeStream = channel.stream_stream(
+                '/tei.v1.Tokenize/TokenizeStream',
+                request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeRequest.SerializeToString,
+                response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeResponse.FromString,
+                _registered_method=True)
+        self.Decode = channel.unary_unary(
+                '/tei.v1.Tokenize/Decode',
+                request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeResponse.FromString,
+                _registered_method=True)
+        self.DecodeStream = channel.stream_stream(
+                '/tei.v1.Tokenize/DecodeStream',
+                request_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeResponse.FromString,
+                _registered_method=True)
+
+
+class TokenizeServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Tokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TokenizeStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Decode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecodeStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TokenizeServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeRequest.FromString,
+                    response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeResponse.SerializeToString,
+            ),
+            'TokenizeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.TokenizeStream,
+                    request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeRequest.FromString,
+                    response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeResponse.SerializeToString,
+            ),
+            'Decode': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decode,
+                    request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeRequest.FromString,
+                    response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeResponse.SerializeToString,
+            ),
+            'DecodeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecodeStream,
+                    request_deserializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeRequest.FromString,
+                    response_serializer=radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tei.v1.Tokenize', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tei.v1.Tokenize', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Tokenize:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tei.v1.Tokenize/Tokenize',
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeRequest.SerializeToString,
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenizeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tei.v1.Tokenize/TokenizeStream',
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeRequest.SerializeToString,
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.EncodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tei.v1.Tokenize/Decode',
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeRequest.SerializeToString,
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecodeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tei.v1.Tokenize/DecodeStream',
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeRequest.SerializeToString,
+            radixserve_dot_tei_dot_v1_dot_tei__pb2.DecodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
