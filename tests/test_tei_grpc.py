@@ -315,7 +315,10 @@ def test_api_keys_guard_tei_calls_and_streams(deployment):
              lambda md: rerank.RerankStream(iter([tei.RerankStreamRequest(query=QUERY, text=DOCS[0])]), metadata=md,
                                             timeout=60),
              lambda md: list(embed.EmbedStream(iter([tei.EmbedRequest(inputs=DOCS[0])]), metadata=md, timeout=60)),
-             lambda md: keyed.stub("Info").Info(tei.InfoRequest(), metadata=md, timeout=30)]
+             lambda md: keyed.stub("Info").Info(tei.InfoRequest(), metadata=md, timeout=30),
+             lambda md: keyed.stub("Tokenize").Tokenize(tei.EncodeRequest(inputs=DOCS[0]), metadata=md, timeout=30),
+             lambda md: list(keyed.stub("Tokenize").DecodeStream(iter([tei.DecodeRequest(ids=[1, 2])]), metadata=md,
+                                                                 timeout=30))]
     for call in calls:
         with pytest.raises(grpc.RpcError) as caught:
             call(())
