@@ -38,8 +38,8 @@ NAME = "tiny-reranker"
 MAX_ITEMS = 8
 MAX_REQUEST_BYTES = 65536
 TOL = 1e-5
-OPERATIONS = ("/v1/rerank", "/v2/rerank", "/v1/embeddings", "/rerank", "/embed", "/predict", "/similarity",
-              "/tokenize", "/decode", "/info", "/health", "/ping", "/", "/invocations")
+OPERATIONS = ("/v1/rerank", "/v2/rerank", "/v1/embeddings", "/embeddings", "/rerank", "/embed", "/predict",
+              "/similarity", "/tokenize", "/decode", "/info", "/health", "/ping", "/", "/invocations")
 pytestmark = [pytest.mark.serve, pytest.mark.timeout(300)]
 
 
@@ -178,6 +178,9 @@ def test_openai_embeddings_equal_library(served, engine, encoding):
     assert reply.usage.prompt_tokens == reply.usage.total_tokens == local.usage.input_tokens
     single = client.embeddings.create(model=NAME, input=TEXTS[0], **kwargs)
     np.testing.assert_allclose(single.data[0].embedding, engine.embed(TEXTS[:1]).embeddings[0], atol=TOL)
+    without_v1 = openai.OpenAI(api_key=KEY, base_url=served.url, max_retries=0)  # posts to /embeddings, as TEI takes
+    np.testing.assert_allclose(without_v1.embeddings.create(model=NAME, input=TEXTS[:1], **kwargs).data[0].embedding,
+                               single.data[0].embedding, atol=TOL)
 
 
 TEI_CLIENT_SCRIPT = """

@@ -5,8 +5,9 @@
 
 Both answer `{id, results: [{index, relevance_score, document?: {text}}], meta}`, best first; v1 adds Jina's
 `model` and `usage: {total_tokens, prompt_tokens}`. `meta.tokens` and `usage` also carry `computed_tokens`, the
-tokens left after shared prefixes were computed once, and `cached_tokens`, those read from the prefix cache. Errors are Cohere's `{"message": ...}`, which its SDK raises
-as `BadRequestError`/`UnprocessableEntityError`, `UnauthorizedError`, `NotFoundError`, ... with the message.
+tokens left after shared prefixes were computed once, and `cached_tokens`, those read from the prefix cache.
+Errors are Cohere's `{"message": ...}`, which its SDK raises as `BadRequestError`/`UnprocessableEntityError`,
+`UnauthorizedError`, `NotFoundError`, ... with the message.
 
 `search_units` counts one unit per 100 documents, as Cohere bills. `max_tokens_per_doc` cuts each document to that
 many of its own tokens (the library's `max_document_tokens`, keeping its start); a document whose prompt is still

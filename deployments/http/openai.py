@@ -1,4 +1,5 @@
-"""OpenAI's embeddings API: `POST /v1/embeddings`.
+"""OpenAI's embeddings API: `POST /v1/embeddings`, and `POST /embeddings` for a client whose base URL has no
+`/v1` (as TEI serves both).
 
 `input` is a string or a list of strings (token-id lists are refused: the server renders the model's prompt and
 tokenizes text itself, so the ids would not be the sequence the model sees). `dimensions` keeps the first d
@@ -6,9 +7,9 @@ components, renormalised (Matryoshka, as the library's `embed(dimensions=...)`).
 the `openai` SDK asks for unless told otherwise) is each vector's little-endian float32 bytes in base64, which the
 SDK decodes; `"float"` is a JSON list. An input longer than the model's limit is refused (422 naming it and the
 limit), as OpenAI refuses one over its context length, never silently cut. `usage.computed_tokens` adds the
-tokens left after shared prefixes were computed once, `usage.cached_tokens` those read from the prefix cache. Errors are OpenAI's `{"error": {"message", "type", "param",
-"code"}}`, which its SDK raises as `BadRequestError`/`UnprocessableEntityError`, `AuthenticationError`,
-`NotFoundError`, `RateLimitError`, ...
+tokens left after shared prefixes were computed once, `usage.cached_tokens` those read from the prefix cache.
+Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`, which its SDK raises as
+`BadRequestError`/`UnprocessableEntityError`, `AuthenticationError`, `NotFoundError`, `RateLimitError`, ...
 
 Long documents: radixserve's own fields `long_documents` ("truncate", which here refuses an over-long input, or
 "chunk"), `chunk_tokens`, `chunk_overlap_tokens`, `max_chunks_per_document` and `chunks` (README, "Long
@@ -80,6 +81,8 @@ class OpenAIDialect(Dialect):
         router = APIRouter(tags=["OpenAI"], dependencies=[Depends(service.authorize)])
 
         @router.post("/v1/embeddings", responses={200: {"model": EmbeddingsResponse}}, summary="OpenAI embeddings")
+        @router.post("/embeddings", responses={200: {"model": EmbeddingsResponse}},
+                     summary="OpenAI embeddings, for a base URL without /v1")
         async def embeddings(body: EmbeddingsRequest):
             service.check_model(body.model)
             texts = _texts(body.input)
