@@ -27,6 +27,7 @@ from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 MAX_ITEMS = 1024  # the default tasks.max_items
+MAX_REQUEST_BYTES = 16 << 20  # the default limits.max_request_bytes
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "bench" / "locustfile.py"
 SMALL = pb.RerankRequest(query="what is a radix tree", documents=["A trie is a prefix tree.", "Bread rises."])
 
@@ -76,6 +77,44 @@ def test_a_rerank_at_the_item_limit_succeeds_on_an_idle_server(app):
     assert sorted(hit.index for hit in reply.results) == list(range(MAX_ITEMS))
     # the query and template are priced once: 1024 copies of them would be refused by a 64-batch bound
     assert reply.usage.computed_tokens < reply.usage.input_tokens
+
+
+def rerank_of_bytes(size: int) -> pb.RerankRequest:
+    """A rerank of two long documents (truncated to the per-item limit when scored) whose message is `size` bytes."""
+    request = pb.RerankRequest(query="which page is about tries", documents=["radix tree " * (size // 24)] * 2)
+    while request.ByteSize() != size:  # the length prefix grows with the text: converges in a step or two
+        request.documents[1] += "x" * (size - request.ByteSize())
+    return request
+
+
+def tei_rerank_body_of_bytes(size: int) -> bytes:
+    """A TEI /rerank body of two long texts (truncated when scored) that is `size` bytes of JSON."""
+    head = '{"query": "which page is about tries", "truncate": true, "texts": ["' + "radix tree " * 100 + '", "'
+    tail = '"]}'
+    fill = size - len(head) - len(tail)
+    return (head + "radix tree " * (fill // 11) + "x" * (fill % 11) + tail).encode()
+
+
+@pytest.mark.timeout(300)
+def test_a_request_at_the_byte_limit_is_answered_and_one_byte_more_is_refused(app):
+    """The default max_request_bytes through both proxies: a gRPC message and an HTTP body of exactly 16 MiB are
+    answered (their documents truncated to the per-item limit); one byte more is RESOURCE_EXHAUSTED, or 413,
+    naming the limit."""
+    with ScoringClient(app.address, timeout_s=120, retries=0) as scoring:
+        at_limit = rerank_of_bytes(MAX_REQUEST_BYTES)
+        assert len(scoring.rerank(at_limit.query, list(at_limit.documents)).results) == 2
+        over = rerank_of_bytes(MAX_REQUEST_BYTES + 1)
+        with pytest.raises(grpc.RpcError) as caught:
+            scoring.rerank(over.query, list(over.documents))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"{MAX_REQUEST_BYTES + 1} bytes, over the limit of {MAX_REQUEST_BYTES} bytes" in caught.value.details()
+    url = f"http://127.0.0.1:{app.http_port}/rerank"
+    answered = httpx.post(url, content=tei_rerank_body_of_bytes(MAX_REQUEST_BYTES), timeout=120,
+                          headers={"content-type": "application/json"})
+    assert answered.status_code == 200 and len(answered.json()) == 2, answered.text[:300]
+    refused = httpx.post(url, content=tei_rerank_body_of_bytes(MAX_REQUEST_BYTES + 1), timeout=120,
+                         headers={"content-type": "application/json"})
+    assert refused.status_code == 413 and "max_request_bytes" in refused.json()["error"]
 
 
 @pytest.mark.timeout(400)
