@@ -20,6 +20,9 @@ import pytest
 from ray import serve
 from serving import GrpcDeployment
 
+from radix_core.tasks import EmbedRequest, task_for
+from radix_core.tasks.config import TaskConfig
+from radix_core.tasks.context import load_task_context
 from radix_core.tiny_models import CORPUS_PATH
 from radixserve.client import ScoringClient
 from radixserve.v1 import scoring_pb2 as pb
@@ -77,6 +80,33 @@ def test_a_rerank_at_the_item_limit_succeeds_on_an_idle_server(app):
     assert sorted(hit.index for hit in reply.results) == list(range(MAX_ITEMS))
     # the query and template are priced once: 1024 copies of them would be refused by a 64-batch bound
     assert reply.usage.computed_tokens < reply.usage.input_tokens
+
+
+@pytest.mark.timeout(120)
+def test_a_text_at_the_token_limit_is_embedded_and_one_token_more_is_refused(app, tiny_model_dir):
+    """The per-item token limit through both proxies, without truncation: a text whose sequence is exactly the
+    limit is embedded (gRPC Embed, OpenAI embeddings), one token more is INVALID_ARGUMENT, or 422, naming the text
+    and the limit."""
+    context = load_task_context(str(tiny_model_dir("qwen3", "causal_lm", "small")), TaskConfig())
+    limit = context.token_limit
+
+    def text_of(tokens: int) -> str:  # " tree" is one token of the tiny tokenizer
+        start = "radix"
+        request = EmbedRequest([start])
+        return start + " tree" * (tokens - int(task_for(request).encode(context, request).sequences.lengths[0]))
+
+    at_limit, over = text_of(limit), text_of(limit + 1)
+    embed = ScoringStub(app.channel).Embed
+    assert len(embed(pb.EmbedRequest(texts=[at_limit], truncate=False), timeout=60).embeddings) == 1
+    with pytest.raises(grpc.RpcError) as caught:
+        embed(pb.EmbedRequest(texts=["short", over], truncate=False), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"text 1 gives a sequence of {limit + 1} tokens; the limit is {limit}" in caught.value.details()
+    url = f"http://127.0.0.1:{app.http_port}/v1/embeddings"
+    assert len(httpx.post(url, json={"input": [at_limit]}, timeout=60).json()["data"]) == 1
+    refused = httpx.post(url, json={"input": ["short", over]}, timeout=60)
+    assert refused.status_code == 422
+    assert f"input[1] gives a sequence of {limit + 1} tokens" in refused.json()["error"]["message"]
 
 
 def rerank_of_bytes(size: int) -> pb.RerankRequest:
