@@ -119,15 +119,15 @@ def rerank_label(card: ModelCard) -> str:
     return card.labels[0] if len(card.labels) == 1 else RERANK_LABEL
 
 
-def tokens(context: TaskContext, texts: list[str], add_special_tokens: bool, prompt_name: str | None,
-           field: str = "inputs") -> list[list[dict[str, Any]]]:
+def tokens(context: TaskContext, texts: list[str], add_special_tokens: bool,
+           prompt_name: str | None) -> list[list[dict[str, Any]]]:
     """Each text's tokens `{id, text, special, start, stop}` as the tasks encode user text (special-token literals
     plain unless the config trusts them), bounded as the tasks bound their items: at most max_items texts of at most
     the per-item token limit (a RequestError names the text and the limit)."""
     check_prompt_name(prompt_name)
-    check_items(field, texts, context.config.max_items)
+    check_items("inputs", texts, context.config.max_items)
     prompts = context.prompt_tokenizer()
-    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, field=field,
+    encodings = prompts.encode_user(texts, add_special_tokens, context.token_limit, field="inputs",
                                     trust=context.config.special_tokens_in_user_text)
     special = set(prompts.tokenizer.all_special_ids)
     out = []
@@ -138,21 +138,21 @@ def tokens(context: TaskContext, texts: list[str], add_special_tokens: bool, pro
     return out
 
 
-def decode(context: TaskContext, sequences: list[list[int]], skip_special_tokens: bool, field: str = "ids",
+def decode(context: TaskContext, sequences: list[list[int]], skip_special_tokens: bool,
            one: bool = False) -> list[str]:
     """Each sequence of token ids as the tokenizer decodes it: at most max_items sequences of at most the per-item
     token limit, every id one the tokenizer has (a RequestError names the sequence: `ids[i]`, or `ids` when `one`
     was sent)."""
-    check_count(field, len(sequences), context.config.max_items)
+    check_count("ids", len(sequences), context.config.max_items)
     tokenizer = context.prompt_tokenizer().tokenizer
     vocabulary, limit = len(tokenizer), context.token_limit
     for i, ids in enumerate(sequences):
         index = None if one else i
         if len(ids) > limit:
-            raise RequestError.about(field, f"has {len(ids)} ids, over the limit of {limit} per item",
+            raise RequestError.about("ids", f"has {len(ids)} ids, over the limit of {limit} per item",
                                      "decode fewer at once", index=index, limit=limit)
         unknown = next((token for token in ids if not 0 <= token < vocabulary), None)
         if unknown is not None:
-            raise RequestError.about(field, f"holds {unknown}, which is no token id of the model's tokenizer "
+            raise RequestError.about("ids", f"holds {unknown}, which is no token id of the model's tokenizer "
                                      f"(0 to {vocabulary - 1})", "send ids /tokenize gave", index=index)
     return tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens)
