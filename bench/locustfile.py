@@ -7,10 +7,11 @@ by the three APIs (`--users 3`: one each).
         [--documents 1000] [--texts 256] [--tei-texts 64] [--api-key KEY]
 
 Texts are MS MARCO-shaped (`bench/workloads.py`): a search query of the corpus, and passages of its sentences of
-30-90 words (about 40-120 tokens), every text numbered so that no two requests share more than the template and
-query. Any answer but 200 is a failure, 429 (overload) included: a closed loop of a few users is work the server
-must queue, not refuse. Locust's own table gives requests/s and latency percentiles per route; `--csv PREFIX`
-writes them. Needs `pip install locust` and this repository (for the corpus), not the model.
+30-90 words (about 40-120 tokens), every query and passage numbered so that requests share only the prompt
+template (and a request's documents its query), as real traffic does. Any answer but 200 is a failure, 429
+(overload) included: a closed loop of a few users is work the server must queue, not refuse. Locust's own table
+gives requests/s and latency percentiles per route; `--csv PREFIX` writes them. Needs `pip install locust` and
+this repository installed (`make install`: the corpus ships with `radix_core`), not the model.
 """
 
 from __future__ import annotations
