@@ -215,8 +215,8 @@ class TokenizeCall(TeiCall):
         try:
             (tokens,) = await asyncio.to_thread(tei_fields.tokens, server.context, [request.inputs],
                                                 request.add_special_tokens, prompt_name)
-        except RequestError as err:
-            raise err.renamed(tei_fields.ONE_INPUT_NAMES) from None
+        except Exception as err:
+            raise renamed(tei_fields.ONE_INPUT_NAMES, err)
         return tei.EncodeResponse(tokens=[tei.SimpleToken(**token) for token in tokens])
 
 

@@ -192,7 +192,7 @@ class TeiDialect(Dialect):
             check_count("inputs.sentences", len(body.inputs.sentences), service.scorer.context.config.max_items - 1)
             rows = [body.inputs.source_sentence, *body.inputs.sentences]
             parameters = body.parameters or SimilarityParameters()
-            request = tei_fields.embed_request(rows, False, None, parameters.truncate,
+            request = tei_fields.embed_request(rows, True, None, parameters.truncate,  # unit vectors: cosine = dot
                                                parameters.truncation_direction, parameters.prompt_name)
             result = await service.run(request, tei_fields.SIMILARITY_NAMES)
             return await service.respond(_cosines, result.embeddings, usage=result.usage)
@@ -254,10 +254,9 @@ def _ranks(result: RerankResult) -> list[dict[str, Any]]:
             for hit in result.results]
 
 
-def _cosines(embeddings: np.ndarray) -> list[float]:
-    """The cosine similarity of each row after the first to the first. (S + 1, D) -> S"""
-    unit = embeddings.astype(np.float64)
-    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-30)
+def _cosines(unit: np.ndarray) -> list[float]:
+    """The cosine similarity of each unit vector after the first to the first. (S + 1, D) -> S"""
+    unit = unit.astype(np.float64)
     return (unit[1:] @ unit[0]).tolist()
 
 
