@@ -73,10 +73,12 @@ async def submit_all(batcher, requests):
 def test_batches_close_at_the_token_budget():
     async def main():
         rec = Recorder()
-        batcher = TokenBudgetBatcher(rec, max_batch_tokens=6, wait_timeout_s=5.0)
-        results = await submit_all(batcher, [(f"i{k}", 3, None) for k in range(4)])
-        assert results == ["I0", "I1", "I2", "I3"]
-        assert rec.batches == [["i0", "i1"], ["i2", "i3"]]  # each closed full, long before the 5 s timeout
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=6, wait_timeout_s=3600.0)
+        tasks = [asyncio.create_task(one(batcher, f"i{k}", 3)) for k in range(4)]
+        # counted in event-loop turns, not seconds: a batch that waited for its hour-long timeout never comes
+        await until(lambda: len(rec.batches) == 2)
+        assert rec.batches == [["i0", "i1"], ["i2", "i3"]]  # each closed when it held exactly the budget
+        assert await asyncio.gather(*tasks) == ["I0", "I1", "I2", "I3"]
         await batcher.close()
 
     run(main())
