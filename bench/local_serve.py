@@ -13,12 +13,13 @@ from ray import serve
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_serve() -> tuple[dict, int]:
-    """(serve_config.yaml, the gRPC port) of a freshly started local Ray and Serve."""
+def start_serve(http_port: int | None = None) -> tuple[dict, int]:
+    """(serve_config.yaml, the gRPC port) of a freshly started local Ray and Serve; its HTTP proxy on `http_port`
+    (a free port when None)."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()},
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()},
                 grpc_options={"port": port,
                               "grpc_servicer_functions": config["grpc_options"]["grpc_servicer_functions"]})
     return config, port

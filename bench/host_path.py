@@ -1,0 +1,358 @@
+"""The host path: everything around the forward, stage by stage, on Cohere-size and small rerank requests, over gRPC
+and HTTP, against the forward it has to keep busy.
+
+For each model preset (`tiny`: a small forward; `bench`) and request size (`--large` MS MARCO-shaped documents per
+request, Cohere's 1,000 by default, and `--small`, 8), in one run and one process, interleaved round by round
+(`bench/timing.py`):
+
+* `in-process stages`: the served path's functions run in this process (`bench/host_stages.py`), each stage under
+  its own clock, wall time per 1,000 documents: decode + check, tokenize + split, key + route, cache lookup,
+  batcher, index build, plan, forward, cache commit, finish, merge, encode (each transport's decode and encode);
+* `served gRPC` / `served HTTP`: the application as `serve run serve_config.yaml` builds it (one engine replica,
+  its defaults otherwise), one client sending the same requests one after another (`bench/wire.py`). **Ray hops**
+  = the served time less the sum of the in-process stages: the proxies, the handle calls, the IndexBuilder's actor
+  call, worker-thread hand-offs, pickling, and whatever else the server does that the stages do not;
+* `in-process engine`: `Engine.rerank` on the same requests (the library: one batch per request);
+* `plain transformers`: `AutoModelForCausalLM` on the same prompts in right-padded batches of `--padded-batch`
+  (`bench/padded_baseline.py`).
+
+Every round sends new requests (a prefix cache would otherwise answer the documents of the round before); every
+candidate gets the same ones. Then **full load**: `--clients` clients send more new requests through each transport,
+and the replica's own batch timings (`BatchStats`, read through `Ingress.info`) give the share of the replica's wall
+time its forward (`Engine.run_jobs`) held.
+
+Headline: **host documents/s per engine replica** = documents / (the stages' time less the forward), per transport;
+the same from the served time (Ray hops included); and the forward's share at full load.
+
+    python bench/host_path.py [--presets tiny bench] [--large 1000] [--small 8] [--repeats 3] [--clients 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import ray
+from host_stages import HostPath, StageClock, stages
+from load_driver import LoadDriver
+from local_serve import free_port, start_serve
+from machine import machine, plot_title, tiny_model
+from padded_baseline import padded_rerank
+from ray import serve
+from timing import interleaved_timings
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from wire import TRANSPORTS
+from workloads import MsMarco, msmarco_texts, rerank_stream, token_counter
+
+from deployments.app import build
+from deployments.config import AppArgs
+from radix_core.engine import Engine
+from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
+
+SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
+RECENT_BATCHES = 1024  # BatcherStats.keep: the replica's means cover at most its last 1,024 batches
+TARGET_HOST_DOCS_S = 5000
+
+
+@dataclass
+class Workload:
+    """Requests of one size: `rounds[k]` is what every candidate sends on its k-th call (call 0 warms up), `load`
+    what the clients send at full load."""
+
+    docs: int
+    rounds: list[list[dict]]
+    load: list[dict]
+
+    @property
+    def round_docs(self) -> int:
+        return sum(len(r["documents"]) for r in self.rounds[0])
+
+
+def workload(rng: np.random.Generator, docs: int, requests: int, per_query: int, rounds: int,
+             clients: int) -> Workload:
+    """`rounds` sets of `requests` rerank requests of `docs` MS MARCO-shaped documents, `per_query` requests per
+    query, and a load set of at least two requests per client; no request twice."""
+    load_sets = math.ceil(2 * clients / requests)
+    total = (rounds + load_sets) * requests
+    counter = token_counter(make_tiny_tokenizer())
+    groups = msmarco_texts(rng, counter, MsMarco(queries=math.ceil(total / per_query),
+                                                 passages_per_query=docs * per_query))
+    stream = rerank_stream(groups, docs, rng)
+    sets = [stream[i * requests:(i + 1) * requests] for i in range(rounds)]
+    return Workload(docs, sets, stream[rounds * requests:total])
+
+
+def each_round(call, work: Workload):
+    """A runner whose k-th call sends round k's requests through `call`, one after another."""
+    rounds = iter(work.rounds)
+
+    def run() -> None:
+        for request in next(rounds):
+            call(request)
+    return run
+
+
+def batch_seconds(handle) -> dict[str, float]:
+    """The engine replica's batches so far and their seconds per stage (`BatcherStats.summary` means times
+    count); NaN once it has run more batches than its stats keep."""
+    summary = handle.info.remote().result()["batcher"]
+    n = summary["num_batches"]
+    scale = n if n <= RECENT_BATCHES else math.nan
+    return {"batches": n, **{stage: summary[f"mean_{stage}_s"] * scale for stage in SERVER_STAGES}}
+
+
+def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before[key] for key in after}
+
+
+def measure(work: Workload, engine: Engine, plain, tokenizer, path: HostPath, calls: dict, handle,
+            args) -> dict:
+    """One preset and size: the interleaved rounds, then full load through each transport; seconds per 1,000
+    documents unless named otherwise."""
+    per_k = 1000 / work.round_docs
+    clocks: list[StageClock] = []
+
+    def stages_round() -> None:
+        path.clock = StageClock()
+        run_stages()
+        clocks.append(path.clock)
+
+    run_stages = each_round(path.answer, work)
+    runners = {"in-process stages": stages_round,
+               "in-process engine": each_round(lambda r: engine.rerank(**r), work),
+               "plain transformers": each_round(
+                   lambda r: padded_rerank(plain, tokenizer, r["query"], r["documents"], args.padded_batch), work),
+               **{f"served {name}": each_round(call, work) for name, call in calls.items()}}
+    before = batch_seconds(handle)
+    timings = interleaved_timings(runners, args.repeats)
+    server = since(before, batch_seconds(handle))
+    timed = clocks[1:]  # the first call warmed up
+    stage_s = {name: per_k * float(np.mean([c.seconds.get(name, 0.0) for c in timed]))
+               for name in {s for t in TRANSPORTS for s in stages(t.name)}}
+    result = {"docs": work.docs, "round_docs": work.round_docs,
+              "runners": {name: {"median": t.median * per_k, "low": t.low * per_k, "high": t.high * per_k}
+                          for name, t in timings.items()},
+              "stages": stage_s,
+              "server_1_client": {k: v * 1000 / (2 * work.round_docs * (args.repeats + 1)) if k != "batches" else v
+                                  for k, v in server.items()},
+              "load": {name: full_load(work, call, handle, args.clients, f"load {name} {work.docs}")
+                       for name, call in calls.items()}}
+    result["summary"] = summarize(result)
+    return result
+
+
+def full_load(work: Workload, call, handle, clients: int, label: str) -> dict:
+    """Docs/s of `clients` closed-loop clients over the load requests, and the replica's stage seconds per 1,000
+    documents and shares of the wall time."""
+    before = batch_seconds(handle)
+    start = time.perf_counter()
+    outcomes = LoadDriver(call, iter(work.load)).closed_loop(clients, label=label, total=len(work.load))
+    wall = time.perf_counter() - start
+    failed = [o for o in outcomes if o.code != "OK"]
+    if failed:
+        raise RuntimeError(f"{label}: {len(failed)} of {len(outcomes)} requests failed, the first with "
+                           f"{failed[0].error}")
+    server = since(before, batch_seconds(handle))
+    docs = sum(len(r["documents"]) for r in work.load)
+    return {"docs/s": docs / wall, "batches": server["batches"],
+            "share": {stage: server[stage] / wall for stage in SERVER_STAGES},
+            "per_1000": {stage: server[stage] * 1000 / docs for stage in SERVER_STAGES}}
+
+
+def summarize(r: dict) -> dict:
+    """The headline figures of one preset and size, per transport."""
+    runners, stage_s = r["runners"], r["stages"]
+    engine_s = runners["in-process engine"]["median"]
+    out = {"in-process engine docs/s": 1000 / engine_s,
+           "plain transformers docs/s": 1000 / runners["plain transformers"]["median"],
+           "engine / plain": runners["plain transformers"]["median"] / engine_s}
+    for t in TRANSPORTS:
+        total = sum(stage_s[s] for s in stages(t.name))
+        served = runners[f"served {t.name}"]["median"]
+        out[t.name] = {"stages s": total, "ray hops s": served - total,
+                       "host docs/s": 1000 / (total - stage_s["forward"]),
+                       "served host docs/s": 1000 / (served - stage_s["forward"]),
+                       "served / in-process": engine_s / served,
+                       "load docs/s": r["load"][t.name]["docs/s"],
+                       "load / in-process": r["load"][t.name]["docs/s"] * engine_s / 1000,
+                       "forward share at load": r["load"][t.name]["share"]["forward"]}
+    return out
+
+
+def deploy(model_dir: str, config: dict) -> tuple[dict, object]:
+    """The application of serve_config.yaml on `model_dir` (one CPU or GPU engine replica), and its args."""
+    args = {**config["applications"][0]["args"], "model": model_dir,
+            "placement": {"engine": {"num_replicas": 1}}}
+    serve.run(build(args), name="radixserve", route_prefix="/")
+    return args, serve.get_app_handle("radixserve")
+
+
+def run_preset(preset: str, works: list[Workload], config: dict, ports: tuple[int, int], args) -> dict:
+    model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / f"{preset}-qwen3", "qwen3", "causal_lm",
+                                    **PRESETS[preset]))
+    app_args, handle = deploy(model_dir, config)
+    settings = AppArgs.model_validate(app_args)
+    engine = Engine.from_pretrained(model_dir, settings.engine, tasks=settings.tasks)
+    engine.warm_up()  # as the replica does: kernels, and auto's cost model
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine.dtype).to(engine.device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    path = HostPath(engine, settings.batching, settings.limits.max_request_tokens)
+    try:
+        with ExitStack() as stack:
+            calls = {t.name: stack.enter_context(t.client(*ports)) for t in TRANSPORTS}
+            return {w.docs: measure(w, engine, plain, tokenizer, path, calls, handle, args) for w in works}
+    finally:
+        path.close()
+        serve.delete("radixserve")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "bench"], choices=sorted(PRESETS))
+    parser.add_argument("--large", type=int, default=1000, help="documents per Cohere-size request")
+    parser.add_argument("--large-requests", type=int, default=1, help="Cohere-size requests per round")
+    parser.add_argument("--small", type=int, default=8, help="documents per small request")
+    parser.add_argument("--small-requests", type=int, default=32, help="small requests per round")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients at full load")
+    parser.add_argument("--padded-batch", type=int, default=64, help="plain transformers' batch size")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    rounds = args.repeats + 1
+    works = [workload(rng, args.large, args.large_requests, 1, rounds, args.clients),
+             workload(rng, args.small, args.small_requests, 4, rounds, args.clients)]
+    http_port = free_port()
+    config, grpc_port = start_serve(http_port)
+    try:
+        results = {p: run_preset(p, works, config, (grpc_port, http_port), args) for p in args.presets}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    write_report(results, args)
+
+
+def command(args) -> str:
+    return (f"python bench/host_path.py --presets {' '.join(args.presets)} --large {args.large} --large-requests "
+            f"{args.large_requests} --small {args.small} --small-requests {args.small_requests} --repeats "
+            f"{args.repeats} --clients {args.clients} --padded-batch {args.padded_batch}")
+
+
+def ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
+
+
+def stage_table(r: dict) -> list[str]:
+    """Milliseconds per 1,000 documents of each stage, the Ray hops and the served time, per transport."""
+    names = [t.name for t in TRANSPORTS]
+    rows = [f"| stage (ms per 1,000 documents) | {' | '.join(names)} |", "|---|" + "---|" * len(names)]
+    for i, stage in enumerate(stages(names[0])):
+        cells = [r["stages"][stages(n)[i]] for n in names]
+        rows.append(f"| {stage.removesuffix(' ' + names[0])} | {' | '.join(ms(c) for c in cells)} |")
+    summary = r["summary"]
+    rows.append(f"| **sum of the stages** | {' | '.join(ms(summary[n]['stages s']) for n in names)} |")
+    rows.append(f"| Ray hops (served less the stages) | {' | '.join(ms(summary[n]['ray hops s']) for n in names)} |")
+    rows.append(f"| **served, one client** | "
+                f"{' | '.join(ms(r['runners'][f'served {n}']['median']) for n in names)} |")
+    server = r["server_1_client"]
+    rows += [f"| replica's own `{stage}_s` (both transports, one client) | "
+             f"{' | '.join(ms(server[stage]) for _ in names)} |" for stage in SERVER_STAGES]
+    return rows
+
+
+def headline_table(results: dict) -> list[str]:
+    names = [t.name for t in TRANSPORTS]
+    rows = ["| preset | docs/request | host docs/s per replica (stages) | host docs/s (served, Ray hops in) | "
+            "forward share at full load | served docs/s at full load | served / in-process (one client) | "
+            "in-process engine docs/s | plain transformers docs/s | engine / plain |", "|---|" + "---|" * 9]
+    for preset, sizes in results.items():
+        for docs, r in sizes.items():
+            s = r["summary"]
+
+            def both(key: str, fmt: str) -> str:
+                return " / ".join(format(s[n][key], fmt) for n in names)
+            rows.append(f"| {preset} | {docs} | {both('host docs/s', ',.0f')} | {both('served host docs/s', ',.0f')} "
+                        f"| {both('forward share at load', '.2f')} | {both('load docs/s', ',.1f')} | "
+                        f"{both('served / in-process', '.2f')} | {s['in-process engine docs/s']:,.1f} | "
+                        f"{s['plain transformers docs/s']:,.1f} | {s['engine / plain']:.2f} |")
+    return rows
+
+
+def arithmetic(results: dict, args) -> str:
+    """The target sentence: host documents/s per replica on `tiny` Cohere-size requests, written out."""
+    if "tiny" not in results:
+        return ""
+    r = results["tiny"][args.large]
+    s, grpc = r["summary"], TRANSPORTS[0].name
+    host = s[grpc]["stages s"] - r["stages"]["forward"]
+    return (f"Target arithmetic (`tiny`, {args.large}-document requests, {grpc}): the stages take "
+            f"{ms(s[grpc]['stages s'])} ms per 1,000 documents, of which the forward {ms(r['stages']['forward'])} ms; "
+            f"host = {ms(s[grpc]['stages s'])} - {ms(r['stages']['forward'])} = {ms(host)} ms, so 1,000 / "
+            f"{host:.4f} s = **{1000 / host:,.0f} documents/s per replica** against the target of "
+            f"{TARGET_HOST_DOCS_S:,} (a host budget of {ms(1000 / TARGET_HOST_DOCS_S)} ms per 1,000 documents, "
+            f"what keeps an H200 busy with a 0.6B reranker whose forward takes 100-250 ms per 1,000 such documents). "
+            f"With the Ray hops counted too: {s[grpc]['served host docs/s']:,.0f} documents/s. "
+            f"In-process engine / plain transformers: {s['engine / plain']:.2f}x (target 2x); served / in-process "
+            f"at one client: {s[grpc]['served / in-process']:.2f}x over {grpc}, "
+            f"{s[TRANSPORTS[1].name]['served / in-process']:.2f}x over {TRANSPORTS[1].name} (target 0.85x).")
+
+
+def write_report(results: dict, args) -> None:
+    sections = [f"# The host path, stage by stage\n\nCommand: `{command(args)}` on {machine()}. Wall time per "
+                "1,000 documents, the median of the interleaved rounds for the served and in-process candidates and "
+                "the mean of the rounds for each stage (the script's docstring says what each is). Ray hops are the "
+                "served time less the sum of the in-process stages. Host documents/s = documents / (the stages' "
+                "time less the forward); full load is "
+                f"{args.clients} closed-loop clients, and the forward's share is the replica's own `forward_s` "
+                "(`Engine.run_jobs`) over the wall time.\n", *headline_table(results), "", arithmetic(results, args)]
+    for preset, sizes in results.items():
+        for docs, r in sizes.items():
+            sections += [f"\n## `{preset}`, {docs} documents per request\n", *stage_table(r)]
+    text = "\n".join(sections) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host_path.md").write_text(text)
+    (args.out / "host_path.json").write_text(json.dumps({"command": command(args), "machine": machine(),
+                                                         "results": results}, indent=1))
+    plot(results, args.out / "host_path.png")
+    print(text)
+
+
+def plot(results: dict, path: Path) -> None:
+    """Per preset and size, each stage's milliseconds per 1,000 documents per transport, on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [(p, d, r) for p, sizes in results.items() for d, r in sizes.items()]
+    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 5.5), sharey=True, squeeze=False)
+    labels = [s.removesuffix(" " + TRANSPORTS[0].name) for s in stages(TRANSPORTS[0].name)] + ["Ray hops", "served"]
+    y = np.arange(len(labels))
+    for ax, (preset, docs, r) in zip(axes[0], cases):
+        for i, t in enumerate(TRANSPORTS):
+            values = [r["stages"][s] for s in stages(t.name)] + [
+                r["summary"][t.name]["ray hops s"], r["runners"][f"served {t.name}"]["median"]]
+            ax.barh(y + 0.4 * i, [max(1000 * v, 1e-3) for v in values], 0.4, label=t.name)
+        ax.set_xscale("log")
+        ax.set_title(f"{preset}, {docs} docs/request", fontsize=9)
+        ax.set_xlabel("ms per 1,000 documents")
+    axes[0][0].set_yticks(y + 0.2, labels, fontsize=8)
+    axes[0][0].invert_yaxis()
+    axes[0][0].legend(fontsize=8)
+    models = "; ".join(tiny_model(p) for p in results)
+    fig.suptitle(plot_title("the served rerank path stage by stage (in-process stages; Ray hops = served - stages)",
+                            models), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
