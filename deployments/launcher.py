@@ -8,15 +8,18 @@ deploy, and on SIGTERM tears everything down with requests in flight. This launc
 2. refuses to start when the HTTP or gRPC port is taken, naming the port, the process holding it and the fix;
 3. checks each application's model before Ray starts (a local path must be a model directory; a hub id needs the
    local Hugging Face cache or the network) and names the model it will serve (`RADIXSERVE_MODEL` included);
+   where `RADIXSERVE_MODEL` overrides `args.model`, `serve run` gets a copy of CONFIG with that model in its args,
+   so Ray's own log and the replicas of a cluster (which the variable does not reach) name the model served;
 4. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `limits.max_request_bytes` (unless set): Ray reads it when its proxy
    imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
-5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command;
+5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command,
+   leaving out of its output the lines Ray prints for a normal state that read as failures (`RAY_NOISE`);
 6. follows the applications: DEPLOY_FAILED shuts down, prints Ray's deploy error and, last, its one-line cause,
    and exits 1;
 7. on SIGTERM or Ctrl-C drains: deletes the applications, so their replicas take no new requests and finish the
    ones they hold (each deployment's `graceful_shutdown_timeout_s`, bounded here by `--drain-timeout`), while
-   the proxies stay up to deliver the answers; then shuts Serve and Ray down and exits 0. A second signal stops
-   at once.
+   the proxies stay up to deliver the answers; then shuts Serve down (its controller stops the proxies, then
+   itself), then Ray, and exits 0. A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,6 +46,12 @@ DEFAULT_GRPC_PORT = 9000
 POLL_S = 1.0
 # Above the deployments' graceful_shutdown_timeout_s (Ray's default 20 s) so Ray's own bound ends a drain first.
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+SHUTDOWN_TIMEOUT_S = 30.0  # Serve's own bound on its controller's shutdown (`serve.shutdown()`)
+DEDUP_SKIP_ENV = "RAY_DEDUP_LOGS_SKIP_REGEX"  # lines of Ray's processes the driver does not print; read at `import ray`
+# Ray 2.60's controller deregisters the autoscaling state of every fixed-size deployment it deploys or deletes,
+# registered or not, and warns when it was not: so each start and stop of an application with an autoscaled
+# deployment (the engine) beside a fixed-size one (the ingress) warns about the ingress. Ray's log files keep it.
+RAY_NOISE = r"Cannot deregister autoscaling state for deployment"
 
 
 class LaunchError(RuntimeError):
@@ -50,6 +60,7 @@ class LaunchError(RuntimeError):
 
 def serve(config_path: str, drain_timeout_s: float) -> int:
     """Run CONFIG until it fails to deploy (exit 1) or a signal drains it (exit 0)."""
+    skip_ray_noise()
     config = load_config(config_path)
     check_ports_free(config, config_path)
     for app in radixserve_apps(config):
@@ -58,7 +69,8 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
     set_grpc_message_limit(config)
     stop = StopSignals()
     stop.install()
-    _start_serve(config_path, stop)
+    with tempfile.TemporaryDirectory(prefix="radixserve-") as directory:
+        _start_serve(config_for_serve_run(config_path, config, Path(directory)), stop)
     names = [app["name"] for app in config["applications"]]
     failure = _wait_for_stop_or_failure(names, stop)
     if not failure:
@@ -90,6 +102,38 @@ def load_config(config_path: str) -> dict[str, Any]:
     except ValidationError as err:
         raise LaunchError(f"{config_path}: {err}") from err
     return config
+
+
+def skip_ray_noise() -> None:
+    """Add `RAY_NOISE` to the lines Ray's driver does not print (an operator's own pattern is kept); before Ray is
+    imported, which reads it once."""
+    if "ray" in sys.modules:
+        raise RuntimeError(f"{DEDUP_SKIP_ENV} must be set before ray is imported")
+    own = os.environ.get(DEDUP_SKIP_ENV)
+    os.environ[DEDUP_SKIP_ENV] = f"{own}|{RAY_NOISE}" if own else RAY_NOISE
+
+
+def config_for_serve_run(config_path: str, config: dict[str, Any], directory: Path) -> str:
+    """The file `serve run` reads: `config_path`, or where `RADIXSERVE_MODEL` changed an application's model, a copy
+    of it in `directory` with that model in the application's args (each radixserve application's `args.model` is
+    then the model it serves)."""
+    import yaml
+
+    from deployments.config import MODEL_ENV
+
+    raw = yaml.safe_load(Path(config_path).read_text())
+    changed = False
+    for written, validated in zip(raw["applications"], config["applications"]):
+        args = written.get("args") or {}
+        if validated["import_path"] == APP_IMPORT_PATH and args.get("model") != validated["args"].model:
+            written["args"] = {**args, "model": validated["args"].model}
+            changed = True
+    if not changed:
+        return config_path
+    copy = directory / Path(config_path).name
+    copy.write_text(yaml.safe_dump(raw, sort_keys=False))
+    print(f"radixserve: serve run reads {copy}: {config_path} with the model from ${MODEL_ENV}", flush=True)
+    return str(copy)
 
 
 def radixserve_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -305,11 +349,29 @@ def _drain(names: list[str], timeout_s: float, stop: StopSignals) -> None:
           flush=True)
 
 
-def _shutdown() -> None:
+def _shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Shut Serve down, then Ray. The controller is asked without a call left waiting on it, then watched until it
+    is gone (it stops the applications and proxies, then kills itself): `serve.shutdown()` waits in a call that
+    the controller's own ray.kill ends, which Ray reports as a failed task ("ServeController.graceful_shutdown
+    failed ... killed by ray.kill") although nothing failed."""
     import ray
-    from ray import serve
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-    serve.shutdown()
+    def controller() -> Any:
+        try:
+            return ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        except ValueError:  # no such actor (any more)
+            return None
+
+    if (running := controller()) is not None:
+        ray.get(running.graceful_shutdown.remote(wait=False), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while controller() is not None:
+            if time.monotonic() > deadline:
+                print(f"radixserve: Serve's controller still running after {timeout_s:g} s; stopping Ray",
+                      file=sys.stderr, flush=True)
+                break
+            time.sleep(POLL_S / 4)
     ray.shutdown()
 
 

@@ -109,6 +109,22 @@ def test_print_config_shows_every_setting_and_reads_back(tmp_path, monkeypatch):
     assert AppArgs.model_validate(printed) == app["args"]
 
 
+def test_serve_run_reads_the_config_with_the_model_served(tmp_path, monkeypatch):
+    """`RADIXSERVE_MODEL` set: `serve run` gets a copy of the config with that model in the args (Ray logs the args
+    it builds the application with); unset, the config itself."""
+    path = write_config(tmp_path / "c.yaml", 1, 2, batching={"max_queue_wait_s": 2.0})
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    assert launcher.config_for_serve_run(str(path), launcher.load_config(str(path)), copies) == str(path)
+    monkeypatch.setenv(MODEL_ENV, "/models/tiny")
+    copy = launcher.config_for_serve_run(str(path), launcher.load_config(str(path)), copies)
+    assert copy == str(copies / "c.yaml")
+    written = yaml.safe_load((copies / "c.yaml").read_text())
+    assert written["applications"][0]["args"] == {**yaml.safe_load(path.read_text())["applications"][0]["args"],
+                                                  "model": "/models/tiny"}
+
+
 def test_the_client_package_imports_no_server_module():
     """`radixserve.cli` reaches the launcher through one lazy import (`radixserve serve`), so importing it (and the
     client) loads nothing of `deployments`: the dependency between the packages runs one way."""
@@ -170,6 +186,34 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(tiny_model_dir, workdir):
         assert not ACCESS_LINE.search(launched.log), "serve_config.yaml turns access logs off"
     finally:
         launched.kill()
+
+
+# What a clean start and stop printed before: Ray's notes on normal states that read as failures (the launcher
+# leaves the first out of its output; the second came from a shutdown call left waiting on the controller).
+FAILURE_LOOKALIKES = ("Cannot deregister autoscaling state", "graceful_shutdown failed", "killed by `ray.kill`",
+                      "Traceback", "ERROR")
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_a_clean_start_and_stop_log_the_model_served_and_nothing_like_a_failure(tiny_model_dir, workdir):
+    """The README's serve command (serve_config.yaml: an autoscaled engine beside a fixed ingress) with
+    `RADIXSERVE_MODEL`, stopped with Ctrl-C: Ray's own build line names the model served, not the config's."""
+    from radixserve.client import ScoringClient
+
+    grpc_port, model = free_port(), tiny_model_dir()
+    launched = Launched(write_config(workdir / "c.yaml", free_port(), grpc_port), model, workdir)
+    try:
+        with ScoringClient(f"127.0.0.1:{grpc_port}", timeout_s=60, retries=0) as client:
+            wait_until_serving(client, launched)
+        launched.proc.send_signal(signal.SIGINT)
+        assert launched.wait(90) == 0, launched.log[-3000:]
+    finally:
+        launched.kill()
+    log = launched.log
+    assert f"Importing application 'radixserve' with arguments {{'model': '{model}'" in log, log[-3000:]
+    assert "Qwen/Qwen3-Reranker-0.6B" not in log and "radixserve: drained" in log
+    assert [line for line in log.splitlines() if any(words in line for words in FAILURE_LOOKALIKES)] == []
 
 
 def check_message_limits(grpc_port: int) -> None:
