@@ -37,6 +37,7 @@ import numpy as np
 from radix_core.chunk_spec import POOLS, ChunkSpec
 from radix_core.errors import Items, RequestError
 from radix_core.prompt_encoding import EncodedBatch, PromptTokenizer
+from radix_core.tokens import TokenSequences
 from radix_core.truncation import SHORTEN_SHARED, char_bound, keep_chars, tokens_at_least
 
 _POOL = dict(zip(POOLS, (  # (scores (C,), each document's first chunk (D,)) -> (D,) scores
@@ -80,7 +81,7 @@ def chunk_documents(prompts: PromptTokenizer, documents: Sequence[str], spec: Ch
     most `max_items` chunks in all; errors name document d as item d of `items`. `trust`: special-token literals
     in the documents are special (the task config's `special_tokens_in_user_text`)."""
     empty = encode([""])
-    fixed = len(empty.sequences[0])  # the prompt's own tokens
+    fixed = empty.sequences.num_tokens  # the prompt's own tokens
     window = min(spec.tokens, limit - fixed)
     if window < 1:
         raise RequestError(f"the prompt without a {items.noun} already has {fixed} tokens; the limit is {limit}",
@@ -88,7 +89,7 @@ def chunk_documents(prompts: PromptTokenizer, documents: Sequence[str], spec: Ch
     cuts = _document_cuts(prompts, documents, spec, window, items, trust)
     sizes = [window] * len(documents)
     laid: dict[int, list[tuple[int, int]]] = {}
-    sequences: dict[int, list[list[int]]] = {}
+    sequences: dict[int, TokenSequences] = {}
     pending = list(range(len(documents)))
     for attempt in range(SHRINK_ROUNDS):
         laid.update({d: _windows_of(cuts[d], sizes[d], spec, d, items) for d in pending})
@@ -97,8 +98,8 @@ def chunk_documents(prompts: PromptTokenizer, documents: Sequence[str], spec: Ch
         batch, first = encode(texts), 0
         for d in list(pending):
             count = len(laid[d])
-            if not any(batch.truncated[first:first + count]):
-                sequences[d] = batch.sequences[first:first + count]
+            if not batch.truncated[first:first + count].any():
+                sequences[d] = batch.sequences.select(first, first + count)
                 pending.remove(d)
             elif sizes[d] == 1:
                 raise _unfit(items, d, limit)
@@ -109,8 +110,8 @@ def chunk_documents(prompts: PromptTokenizer, documents: Sequence[str], spec: Ch
             break
     if pending:
         raise _unfit(items, pending[0], limit)
-    ordered = [s for d in range(len(documents)) for s in sequences[d]]
-    return _chunks(cuts, laid), EncodedBatch(empty.shared_ids, ordered, [False] * len(ordered))
+    ordered = TokenSequences.concat([sequences[d] for d in range(len(documents))])
+    return _chunks(cuts, laid), EncodedBatch(empty.shared_ids, ordered, np.zeros(len(ordered), dtype=bool))
 
 
 def lay_windows(cuts: np.ndarray, size: int, overlap: int) -> list[tuple[int, int]]:

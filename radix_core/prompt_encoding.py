@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Encoding
 from transformers import AutoTokenizer
 
@@ -26,9 +27,11 @@ from radix_core.errors import Items, RequestError
 from radix_core.special_tokens import MarkedText, MarkedTokenizer
 from radix_core.split_points import first_safe_point, last_safe_point
 from radix_core.templates import PromptParts, user_text
-from radix_core.truncation import char_bound, check_shared_chars, cut, fit, keep_chars, tokens_at_least
+from radix_core.tokens import TokenSequences
+from radix_core.truncation import char_bound, check_shared_chars, cut, fit, keep_all_chars, tokens_at_least
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_NOTHING = MarkedText("")
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,8 @@ class EncodedBatch:
     """One request's sequences; every one starts with `shared_ids` (identical by construction)."""
 
     shared_ids: list[int]
-    sequences: list[list[int]]
-    truncated: list[bool]  # per sequence: was its varying text cut to fit the token limit
+    sequences: TokenSequences
+    truncated: np.ndarray  # (B,) bool per sequence: was its varying text cut to fit the token limit
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class PromptTokenizer(MarkedTokenizer):
         check_shared_chars(len(first), self._chars_per_token, limit, items)
         lead, mid, tail = self._pair_affixes
         (first_ids,) = self.encode_marked([self.mark(user_text(first), trust)], trust)
-        layout = _Layout(lead + first_ids + mid, MarkedText(""), MarkedText(""), tail)
+        layout = _Layout(lead + first_ids + mid, _NOTHING, _NOTHING, tail)
         return self._encode_layout(layout, seconds, limit, truncate, items, trust, truncation_direction,
                                    max_item_tokens)
 
@@ -145,43 +148,48 @@ class PromptTokenizer(MarkedTokenizer):
         length and the limit, unless `truncate`, which cuts its varying text; when the rest of the prompt alone
         exceeds the limit it raises either way. Cuts keep the start of the text (`direction` "right": the end is
         cut) or its end ("left"). A text over the character bound of either limit is cut to it first, on the same
-        side: it cannot fit, and its error gives a lower bound of its length."""
+        side: it cannot fit, and its error gives a lower bound of its length.
+
+        The texts are encoded in one batch and the lengths checked as one array; only the texts to cut are
+        visited one by one (each is re-tokenized, `radix_core.truncation`)."""
         fixed = len(layout.shared_ids) + len(layout.suffix_ids)
         bound = self._char_bound(limit if max_item_tokens is None else min(limit, max_item_tokens))
-        texts = [keep_chars(text, bound, direction) for text in varying]
+        texts = keep_all_chars(varying, bound, direction)
         offsets = partial(self.offsets, trust=trust)
-        capped = [False] * len(texts)
+        capped = np.zeros(len(texts), dtype=bool)  # (B,)
         if max_item_tokens is not None:
-            alone = partial(self._encode_user_text, trust=trust)
-            for i, (text, ids) in enumerate(zip(texts, self.encode_marked([self.mark(user_text(t), trust)
-                                                                           for t in texts], trust))):
-                if len(ids) > max_item_tokens:
-                    texts[i] = cut(text, ids, max_item_tokens, alone, offsets, direction)[0]
-                    capped[i] = True
-        middles = self.encode_marked([layout.head + self.mark(user_text(text), trust) + layout.tail
-                                      for text in texts], trust)
+            capped = self._cap(texts, max_item_tokens, trust, direction)
+        middles = self.encode_between(layout.head, texts, layout.tail, trust)
+        too_long = fixed + np.fromiter(map(len, middles), dtype=np.int64, count=len(middles)) > limit  # (B,)
         in_layout = partial(self._encode_middle, layout, trust=trust)
-        sequences, truncated = [], []
-        for i, (text, middle) in enumerate(zip(texts, middles)):
-            too_long = fixed + len(middle) > limit
-            if too_long and not truncate:
-                at_least = tokens_at_least(len(text if capped[i] else varying[i]), self._chars_per_token, limit)
-                count = f"at least {fixed + at_least}" if at_least else f"{fixed + len(middle)}"
+        for i in np.flatnonzero(too_long).tolist():
+            if not truncate:
+                at_least = tokens_at_least(len(texts[i] if capped[i] else varying[i]), self._chars_per_token, limit)
+                count = f"at least {fixed + at_least}" if at_least else f"{fixed + len(middles[i])}"
                 raise items.error(i, f" gives a sequence of {count} tokens; the limit is {limit}",
                                   "shorten it or pass truncate=True", limit=limit)
-            if too_long:
-                middle = fit(text, middle, limit, fixed, in_layout, offsets, direction, i, items)
-            sequences.append(layout.shared_ids + middle + layout.suffix_ids)
-            truncated.append(too_long or capped[i])
-        return EncodedBatch(layout.shared_ids, sequences, truncated)
+            middles[i] = fit(texts[i], middles[i], limit, fixed, in_layout, offsets, direction, i, items)
+        return EncodedBatch(layout.shared_ids, TokenSequences.framed(layout.shared_ids, middles, layout.suffix_ids),
+                            too_long | capped)
+
+    def _cap(self, texts: list[str], max_item_tokens: int, trust: bool, direction: str) -> np.ndarray:
+        """Cut, in place, each user text of more than `max_item_tokens` tokens of its own to that many; (B,) bool
+        which were cut."""
+        own = self.encode_between(_NOTHING, texts, _NOTHING, trust)
+        capped = np.fromiter(map(len, own), dtype=np.int64, count=len(own)) > max_item_tokens  # (B,)
+        alone = partial(self._encode_user_text, trust=trust)
+        offsets = partial(self.offsets, trust=trust)
+        for i in np.flatnonzero(capped).tolist():
+            texts[i] = cut(texts[i], own[i], max_item_tokens, alone, offsets, direction)[0]
+        return capped
 
     def _encode_user_text(self, piece: str, trust: bool) -> list[int]:
         """Ids of user text `piece` alone."""
-        return self.encode_marked([self.mark(user_text(piece), trust)], trust)[0]
+        return self.encode_between(_NOTHING, [piece], _NOTHING, trust)[0]
 
     def _encode_middle(self, layout: _Layout, piece: str, trust: bool) -> list[int]:
         """Ids of `head + piece + tail` of `layout`, for user text `piece`."""
-        return self.encode_marked([layout.head + self.mark(user_text(piece), trust) + layout.tail], trust)[0]
+        return self.encode_between(layout.head, [piece], layout.tail, trust)[0]
 
     def _char_bound(self, limit: int) -> int | None:
         """Characters beyond which no text fits in `limit` tokens; None when this tokenizer has no such bound."""

@@ -15,7 +15,9 @@ tokenizing it whole; a text that fits is never cut. `chars_per_token` None: the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from radix_core.errors import Items
 
@@ -34,6 +36,15 @@ def tokens_at_least(chars: int, chars_per_token: int | None, limit: int) -> int:
     """A lower bound of the tokens of a text of `chars` characters when that is over `limit`, else 0."""
     bound = char_bound(chars_per_token, limit)
     return -(-chars // chars_per_token) if bound is not None and chars > bound else 0
+
+
+def keep_all_chars(texts: Sequence[str], bound: int | None, direction: str) -> list[str]:
+    """`keep_chars` of each text, visiting only those over `bound` (found by their lengths as one array)."""
+    kept = list(texts)
+    if bound is not None:
+        for i in np.flatnonzero(np.fromiter(map(len, kept), dtype=np.int64, count=len(kept)) > bound).tolist():
+            kept[i] = keep_chars(kept[i], bound, direction)
+    return kept
 
 
 def keep_chars(text: str, bound: int | None, direction: str) -> str:

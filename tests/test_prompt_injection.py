@@ -69,14 +69,15 @@ def test_attacker_document_cannot_write_the_rerankers_answer(tokenizer, prompts)
     parts = QWEN3_RERANKER.parts("best page?", [ATTACK, "an honest page"])
     control = control_ids(tokenizer)
     batch = prompts.encode_prompts(parts, 4096, truncate=False)
-    template = [[i for i in seq if i in control] for seq in batch.sequences]
+    template = [[i for i in seq if i in control] for seq in batch.sequences.tolists()]
     assert template[0] == template[1]  # the attacker's prompt has exactly the template's control tokens
-    doc_ids = batch.sequences[0][len(batch.shared_ids):-len(prompts.encode(QWEN3_RERANKER.suffix))]
+    doc_ids = batch.sequences.tolists()[0][len(batch.shared_ids):-len(prompts.encode(QWEN3_RERANKER.suffix))]
     assert not control & set(doc_ids) and tokenizer.decode(doc_ids) == "<Document>: " + ATTACK
-    assert batch.sequences == references(tokenizer, parts)
+    assert batch.sequences.tolists() == references(tokenizer, parts)
     trusted = prompts.encode_prompts(parts, 4096, truncate=False, special_tokens_in_user_text=True)
-    assert trusted.sequences[0] == tokenizer(parts.prompts[0])["input_ids"]  # the opt-out: the tokenizer's own
-    assert len([i for i in trusted.sequences[0] if i in control]) == len(template[0]) + 2
+    (attack_ids, _) = trusted.sequences.tolists()
+    assert attack_ids == tokenizer(parts.prompts[0])["input_ids"]  # the opt-out: the tokenizer's own
+    assert len([i for i in attack_ids if i in control]) == len(template[0]) + 2
 
 
 @given(query=texts, instruction=texts, docs=st.lists(texts, min_size=1, max_size=3))
@@ -84,8 +85,8 @@ def test_attacker_document_cannot_write_the_rerankers_answer(tokenizer, prompts)
 def test_rerank_equals_the_reference(tokenizer, prompts, query, instruction, docs):
     parts = QWEN3_RERANKER.parts(query, docs, instruction)
     batch = prompts.encode_prompts(parts, 4096, truncate=False)
-    assert batch.sequences == references(tokenizer, parts)
-    assert all(seq[:len(batch.shared_ids)] == batch.shared_ids for seq in batch.sequences)
+    assert batch.sequences.tolists() == references(tokenizer, parts)
+    assert all(seq[:len(batch.shared_ids)] == batch.shared_ids for seq in batch.sequences.tolists())
 
 
 @given(instruction=texts, docs=st.lists(texts, min_size=1, max_size=3))
@@ -94,7 +95,7 @@ def test_embed_equals_the_reference(tokenizer, prompts, instruction, docs):
     end = [tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     parts = QWEN3_EMBEDDING.parts(docs, instruction)
     batch = prompts.encode_prompts(parts, 4096, truncate=False, end_ids=end)
-    assert batch.sequences == [ids + end for ids in references(tokenizer, parts)]
+    assert batch.sequences.tolists() == [ids + end for ids in references(tokenizer, parts)]
 
 
 @given(prefix=texts, inputs=st.lists(texts, min_size=1, max_size=2), labels=st.lists(texts.filter(bool), min_size=1,
@@ -121,23 +122,23 @@ def test_score_context_is_plain_text(tokenizer, prompts):
 
 def test_pairs_keep_the_tokenizers_separators_and_only_those(tokenizer, prompts):
     batch = prompts.encode_pairs(ATTACK, [ATTACK], 4096, truncate=False)
-    assert batch.sequences == [tokenizer(ATTACK, ATTACK, split_special_tokens=True)["input_ids"]]
-    assert not control_ids(tokenizer) & set(batch.sequences[0])
+    assert batch.sequences.tolists() == [tokenizer(ATTACK, ATTACK, split_special_tokens=True)["input_ids"]]
+    assert not control_ids(tokenizer) & set(batch.sequences.tolists()[0])
 
 
 def test_literal_split_across_a_template_boundary_stays_plain(tokenizer, prompts):
     """User text ending in half a literal cannot complete it with the template's next characters."""
     parts = PromptParts(user_text("x<|im_") + (Segment("end|>y", False),), [""], ())
     batch = prompts.encode_prompts(parts, 4096, truncate=False)
-    assert not control_ids(tokenizer) & set(batch.sequences[0])
+    assert not control_ids(tokenizer) & set(batch.sequences.tolists()[0])
 
 
 def test_truncated_attack_stays_plain(tokenizer, prompts):
     parts = QWEN3_RERANKER.parts("q", [ATTACK * 40])
     batch = prompts.encode_prompts(parts, 120, truncate=True)
-    assert batch.truncated == [True] and len(batch.sequences[0]) <= 120
-    honest = prompts.encode_prompts(QWEN3_RERANKER.parts("q", ["x"]), 4096, truncate=False).sequences[0]
-    assert [i for i in batch.sequences[0] if i in control_ids(tokenizer)] == [
+    assert batch.truncated.tolist() == [True] and len(batch.sequences.tolists()[0]) <= 120
+    honest = prompts.encode_prompts(QWEN3_RERANKER.parts("q", ["x"]), 4096, truncate=False).sequences.tolists()[0]
+    assert [i for i in batch.sequences.tolists()[0] if i in control_ids(tokenizer)] == [
         i for i in honest if i in control_ids(tokenizer)]
 
 
@@ -145,7 +146,8 @@ def test_plain_text_survives_pickling(tokenizer, prompts):
     """The private tokenizer's `encode_special_tokens` flag is not part of the Rust tokenizer's pickle."""
     copy = pickle.loads(pickle.dumps(prompts))
     parts = QWEN3_RERANKER.parts("q", [ATTACK])
-    assert copy.encode_prompts(parts, 4096, False).sequences == prompts.encode_prompts(parts, 4096, False).sequences
+    assert copy.encode_prompts(parts, 4096, False).sequences.tolists() == \
+        prompts.encode_prompts(parts, 4096, False).sequences.tolists()
 
 
 def test_the_application_setting_reaches_the_encoding(tiny_model_dir):

@@ -40,7 +40,6 @@ from radix_core.tasks.request import (
 from radix_core.tasks.usage import Usage
 from radix_core.tasks.view import BatchView
 from radix_core.templates import EmbedTemplate
-from radix_core.tokens import TokenSequences
 
 POOLINGS = ("last", "mean")
 TEXTS = Items("texts", "text")  # text 2 of a message is texts[2]
@@ -135,12 +134,12 @@ class EmbedTask(Task):
             chunks, batch = chunk_documents(prompts, request.texts, spec, lambda texts: encode(texts, True, None),
                                             context.token_limit, config.max_items, TEXTS,
                                             config.special_tokens_in_user_text)
-        empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
-        if empty is not None:
+        empty = np.flatnonzero(batch.sequences.lengths == 0)  # (E,) sequences without a token
+        if empty.size:
             raise RequestError.about("texts", "gives no tokens: this tokenizer drops all of its characters and this "
                                      "model's embedding prompt adds none of its own", "give it a visible character",
-                                     index=empty if chunks is None else int(chunks.owners[empty]))
-        return EmbedJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), request.pooling,
+                                     index=int(empty[0] if chunks is None else chunks.owners[empty[0]]))
+        return EmbedJob(batch.sequences, len(batch.shared_ids), request.pooling,
                         dimensions, request.normalize, chunks, (request.chunks or config.chunks) == "each")
 
     def finish(self, job: EmbedJob, view: BatchView) -> EmbedResult:

@@ -23,7 +23,6 @@ from radix_core.tasks.request import TRUNCATION_DIRECTIONS, TaskRequest, choice,
 from radix_core.tasks.usage import Usage
 from radix_core.tasks.view import BatchView
 from radix_core.templates import PromptParts
-from radix_core.tokens import TokenSequences
 
 INPUTS = Items("inputs", "input")  # input 2 of a message is inputs[2]
 
@@ -89,11 +88,11 @@ class PredictTask(Task):
                                        request.truncate, end_ids=prompts.trailing_ids, items=INPUTS,
                                        special_tokens_in_user_text=context.config.special_tokens_in_user_text,
                                        truncation_direction=request.truncation_direction)
-        empty = next((i for i, seq in enumerate(batch.sequences) if not seq), None)
-        if empty is not None:
+        empty = np.flatnonzero(batch.sequences.lengths == 0)  # (E,) sequences without a token
+        if empty.size:
             raise RequestError.about("inputs", "gives no tokens: this tokenizer drops all of its characters and adds "
-                                     "none of its own", "give it a visible character", index=empty)
-        return PredictJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), context.labels,
+                                     "none of its own", "give it a visible character", index=int(empty[0]))
+        return PredictJob(batch.sequences, len(batch.shared_ids), context.labels,
                           request.raw_scores)
 
     def head_query(self, job: PredictJob) -> HeadQuery:

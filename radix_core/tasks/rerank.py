@@ -43,7 +43,6 @@ from radix_core.tasks.request import (
 from radix_core.tasks.usage import Usage
 from radix_core.tasks.view import BatchView
 from radix_core.templates import CrossEncoderPair, RerankTemplate
-from radix_core.tokens import TokenSequences
 
 DOCUMENTS = Items("documents", "document")  # document 2 of a message is documents[2]
 
@@ -156,7 +155,7 @@ class RerankTask(Task):
                 context.prompt_tokenizer(), request.documents, spec,
                 partial(encode, truncate=True, max_document_tokens=None), context.token_limit, config.max_items,
                 DOCUMENTS, config.special_tokens_in_user_text)
-        return RerankJob(TokenSequences.from_lists(batch.sequences), len(batch.shared_ids), answer_ids,
+        return RerankJob(batch.sequences, len(batch.shared_ids), answer_ids,
                          request.raw_scores, request.top_n,
                          tuple(request.documents) if request.return_documents else None, chunks,
                          request.pool or config.pool)
