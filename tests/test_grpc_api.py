@@ -234,14 +234,23 @@ def test_api_keys_guard_every_call_but_health(keyed_app, capsys, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_back_pressure_is_resource_exhausted(keyed_app):
-    """Engine: one request running (it waits 1 s for its batch), one queued; the rest are refused at once."""
+    """Engine: one request running (it waits 1 s for its batch), one queued; the rest are refused at once: each
+    refusal ends before the first answer, which its batch's wait holds back."""
     metadata = [("authorization", f"Bearer {KEYS[0]}")]
     calls = [keyed_app.stub.Rerank.future(pb.RerankRequest(query=f"{QUERY} {i}", documents=DOCS[:2]),
                                           metadata=metadata, timeout=60) for i in range(6)]
+    ended: list[grpc.StatusCode] = []  # in the order the calls ended
+    for call in calls:
+        call.add_done_callback(lambda done: ended.append(done.code()))
     codes = [call.code() for call in calls]  # each waits for its call to end
     refused = [call.details() for call in calls if call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
     assert grpc.StatusCode.OK in codes and refused, codes
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    for _ in range(100):  # a call's callback runs just after the call ends
+        if len(ended) == len(calls):
+            break
+        time.sleep(0.05)
+    assert ended[:len(refused)] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * len(refused), ended  # before any answer
     assert all("max_queued_requests=1" in details and "retry with backoff" in details for details in refused)
 
 
