@@ -21,8 +21,8 @@ hits adds **past blocks** (`AttentionMetadata.past`), prefix blocks whose keys a
 (`past`, passed per layer), merged like the others. In `off` and `mlp` their queries are the original tokens the
 batch computes, in `full` its compact rows; every backend reads them with its prefix-block call.
 
-Backends: `torch` (CPU and reference: one attention call per group of equal-length causal blocks and one per
-prefix block, with the log-sum-exp), `flash` (flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` on CUDA),
+Backends: `torch` (CPU and reference: blocks padded to bucket lengths, one attention call per bucket, with the
+log-sum-exp), `flash` (flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` on CUDA),
 `triton` (`radix_core.kernels.segment_attention`).
 """
 
@@ -35,6 +35,7 @@ from functools import cached_property
 import torch
 
 from radix_core.engine_config import ATTENTION_CHOICES
+from radix_core.padded_blocks import PaddedBlocks, padded_causal, padded_prefix
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,9 @@ class CausalBlocks:
     max_seqlen: int
 
     @cached_property
-    def groups(self) -> list[tuple[int, torch.Tensor | slice]]:
-        """Blocks of equal length `L`, as (L, their rows back to back): one batched call each, no padding."""
-        bounds = self.cu_seqlens.tolist()
-        by_length: dict[int, list[int]] = {}
-        for start, end in zip(bounds, bounds[1:]):
-            by_length.setdefault(end - start, []).append(start)
-        return [(length, _rows(starts, length, self.cu_seqlens.device)) for length, starts in by_length.items()]
+    def padded(self) -> PaddedBlocks:
+        """The blocks padded to bucket lengths, one dense call per bucket (`radix_core.padded_blocks`)."""
+        return padded_causal(self.cu_seqlens.cpu().numpy(), self.cu_seqlens.device)
 
 
 @dataclass
@@ -68,10 +65,10 @@ class PrefixBlocks:
     max_seqlen_k: int
 
     @cached_property
-    def bounds(self) -> list[tuple[int, int, int, int]]:
-        """Per block (q_start, q_end, k_start, k_end) as Python ints, for backends that loop."""
-        q, k_start, k_end = self.cu_seqlens_q.tolist(), self.key_start.tolist(), self.key_end.tolist()
-        return [(q[j], q[j + 1], k_start[j], k_end[j]) for j in range(len(k_start))]
+    def padded(self) -> PaddedBlocks:
+        """The blocks in chunks of queries padded to bucket key lengths, one dense call per bucket."""
+        return padded_prefix(*(t.cpu().numpy() for t in (self.q_rows, self.cu_seqlens_q, self.key_start,
+                                                          self.key_end)), self.q_rows.device)
 
     @cached_property
     def key_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,13 +91,6 @@ class AttentionMetadata:
     past: PrefixBlocks | None = None  # prefix cache hits: keys are rows of the layer's cached K/V
     qkv_scatter: torch.Tensor | None = None  # (N,) int64 `mlp` mode: compact -> original rows before attention
     out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
-
-
-def _rows(starts: list[int], length: int, device) -> torch.Tensor | slice:
-    """The rows of blocks of `length` starting at `starts`: a slice when they are back to back."""
-    if all(b - a == length for a, b in zip(starts, starts[1:])):
-        return slice(starts[0], starts[0] + len(starts) * length)
-    return (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).reshape(-1)
 
 
 def merge_prefix(out: torch.Tensor, lse: torch.Tensor, prefix_out: torch.Tensor, prefix_lse: torch.Tensor,
@@ -146,51 +136,51 @@ class AttentionBackend:
 
 
 class TorchAttention(AttentionBackend):
-    """Attention with its log-sum-exp per group of equal-length causal blocks and per prefix block, K/V read in
-    place; the CPU path and the reference for the others. On the CPU it calls the kernel that
-    `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also returns
-    the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
+    """Attention with its log-sum-exp over blocks padded to bucket lengths, one dense call per bucket
+    (`radix_core.padded_blocks`: at most one call per bucket present, where one per block made ~300 calls a layer
+    on a 1,000-document rerank); the CPU path and the reference for the others. On the CPU it calls the kernel
+    that `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also
+    returns the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
 
     name = "torch"
 
     def causal_blocks(self, q, k, v, blocks, scale):
-        out = torch.empty_like(q)  # (R, Hq, D); every row belongs to exactly one block
-        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # (R, Hq)
-        heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-        for length, rows in blocks.groups:
-            qs = q[rows].view(-1, length, heads, dim).transpose(1, 2)  # (G, Hq, L, D)
-            ks = k[rows].view(-1, length, kv_heads, dim).transpose(1, 2)  # (G, Hkv, L, D)
-            vs = v[rows].view(-1, length, kv_heads, dim).transpose(1, 2)  # (G, Hkv, L, D)
-            o, l = _attention_with_lse(qs, ks, vs, True, scale)  # (G, Hq, L, D), (G, Hq, L)
-            out[rows] = o.transpose(1, 2).reshape(-1, heads, dim)
-            lse[rows] = l.transpose(1, 2).reshape(-1, heads).float()  # float64 inputs give a float64 lse
-        return out, lse
+        return _padded_attention(q, k, v, blocks.padded, True, scale)
 
     def prefix_blocks(self, q, k, v, blocks, scale):
-        queries = q.index_select(0, blocks.q_rows)  # (P, Hq, D)
-        out = torch.empty_like(queries)
-        lse = torch.empty(queries.shape[:2], dtype=torch.float32, device=q.device)  # (P, Hq)
-        for q_start, q_end, k_start, k_end in blocks.bounds:
-            o, l = _attention_with_lse(queries[q_start:q_end].transpose(0, 1)[None],  # (1, Hq, Lq, D)
-                                       k[k_start:k_end].transpose(0, 1)[None],  # (1, Hkv, Lk, D)
-                                       v[k_start:k_end].transpose(0, 1)[None], False, scale)
-            out[q_start:q_end] = o[0].transpose(0, 1)
-            lse[q_start:q_end] = l[0].transpose(0, 1)
+        return _padded_attention(q, k, v, blocks.padded, False, scale)
+
+
+def _padded_attention(q, k, v, padded: PaddedBlocks, causal: bool, scale: float):
+    """(out (rows, Hq, D), lse (rows, Hq) float32) of `padded`'s blocks, one call per group."""
+    outs, lses = [], []
+    for g in padded.groups:
+        o, lse = _attention_with_lse(g.gather(q, g.q_rows, g.q_len), g.gather(k, g.k_rows, g.k_len),
+                                     g.gather(v, g.k_rows, g.k_len), causal, scale,
+                                     g.additive_mask(q.dtype))  # (G, Hq, Lq, D), (G, Hq, Lq)
+        outs.append(o.transpose(1, 2).reshape(-1, *q.shape[1:]))  # (G * Lq, Hq, D)
+        lses.append(lse.transpose(1, 2).reshape(-1, q.shape[1]).float())  # float64 inputs give a float64 lse
+    out, lse = (torch.cat(parts) if len(parts) > 1 else parts[0] for parts in (outs, lses))
+    if padded.unpad is None:
         return out, lse
+    return out.index_select(0, padded.unpad), lse.index_select(0, padded.unpad)
 
 
 _MATH_CHUNK = 1 << 24  # score elements per step of the matmul fallback (64 MiB of float32)
 
 
-def _attention_with_lse(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`q` (G, Hq, Lq, D) over `k`, `v` (G, Hkv, Lk, D), grouped-query heads, causal (square blocks) or not ->
-    (out (G, Hq, Lq, D) in q's dtype, lse (G, Hq, Lq) float32)."""
+def _attention_with_lse(q, k, v, causal: bool, scale: float,
+                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`q` (G, Hq, Lq, D) over `k`, `v` (G, Hkv, Lk, D), grouped-query heads, causal (square blocks) or not, with an
+    additive `mask` (G, 1, 1, Lk) in q's dtype -> (out (G, Hq, Lq, D) in q's dtype, lse (G, Hq, Lq) float32)."""
     if q.device.type == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-    return _math_attention_with_lse(q, k, v, causal, scale)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
+                                                                          scale=scale)
+    return _math_attention_with_lse(q, k, v, causal, scale, mask)
 
 
-def _math_attention_with_lse(q, k, v, causal: bool, scale: float, chunk: int = _MATH_CHUNK):
+def _math_attention_with_lse(q, k, v, causal: bool, scale: float, mask: torch.Tensor | None = None,
+                             chunk: int = _MATH_CHUNK):
     """`_attention_with_lse` in float32 matmuls, `chunk` score elements at a time (queries split)."""
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1).float() for t in (k, v))  # (G, Hq, Lk, D)
@@ -199,6 +189,8 @@ def _math_attention_with_lse(q, k, v, causal: bool, scale: float, chunk: int = _
     step = max(1, chunk // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
     for start in range(0, q.shape[2], step):
         scores = q[:, :, start:start + step].float() @ k.transpose(-1, -2) * scale  # (G, Hq, chunk, Lk)
+        if mask is not None:
+            scores = scores + mask.float()
         if causal:
             visible = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(start)
             scores = scores.masked_fill(~visible, float("-inf"))

@@ -21,8 +21,8 @@ of the whole forward (all layers) per row, per pair, per scattered and per merge
 device at start-up (`radix_core.mode_calibration`, run by `Engine.warm_up`), or before that `flop_costs`, a
 static count of FLOPs and of bytes moved. `ModeCosts.choose` picks the least predicted time, ties to the simpler
 mode (off, mlp, full): a batch without sharing (N' = N) runs off, which it pays for with the index build only.
-Fixed costs per attention call are left out (the torch backend's one call per block length and per prefix block
-on the CPU, microseconds per kernel launch on CUDA): they are small next to a batch's rows.
+Fixed costs per attention call are left out (the torch backend's one call per bucket of block lengths on the CPU,
+microseconds per kernel launch on CUDA): they are small next to a batch's rows.
 
 Rows served from the prefix cache (issue 23) are the place the cache enters: they are compact rows whose K/V
 come from the cache, not computed while their keys are still read, so `mode_works` takes their count

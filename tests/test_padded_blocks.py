@@ -1,0 +1,116 @@
+"""The CPU attention's padded groups (`radix_core.padded_blocks`): a bounded number of dense calls per layer, and
+the same attention as one kernel call per block, within 1e-5, on every golden batch and random tries, in every
+mode that has blocks (`off` and `mlp`: sequences; `full`: segments and prefix blocks), with cache hits' past blocks.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cascade_attention import random_batch
+from test_engine_golden import BATCHES as GOLDEN
+
+from radix_core.attention import TorchAttention, _attention_with_lse
+from radix_core.batch import BatchLimits, prepare_batch
+from radix_core.forward import plan_compact, plan_ragged, prefix_blocks
+from radix_core.padded_blocks import BUCKETS_PER_OCTAVE, MIN_BUCKET, bucket_lengths, padded_causal, padded_prefix
+
+
+@given(st.lists(st.integers(1, 100_000), min_size=1, max_size=50))
+def test_buckets_cover_each_length_and_pad_at_most_an_eighth(lengths):
+    n = np.array(lengths)
+    b = bucket_lengths(n)
+    assert (b >= n).all() and (b >= MIN_BUCKET).all()
+    assert (b <= np.maximum(n * (1 + 1 / BUCKETS_PER_OCTAVE), MIN_BUCKET)).all()
+    assert (bucket_lengths(b) == b).all()  # a bucket is its own bucket
+
+
+def test_a_thousand_blocks_make_one_call_per_bucket():
+    """1,000 causal blocks of 1,000 distinct-ish lengths: calls = buckets present (at most 8 per doubling)."""
+    lengths = np.random.default_rng(0).integers(1, 2049, 1000)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    groups = padded_causal(bounds, torch.device("cpu")).groups
+    assert len(groups) == len(np.unique(bucket_lengths(lengths))) <= BUCKETS_PER_OCTAVE * 11 + MIN_BUCKET
+    assert sum(g.count for g in groups) == 1000
+
+
+@given(st.lists(st.tuples(st.integers(1, 200), st.integers(1, 90)), min_size=1, max_size=30), st.randoms())
+@settings(max_examples=50, deadline=None)
+def test_prefix_chunks_put_every_query_back_in_its_place(blocks, rand):
+    """Gathering row numbers through the groups and `unpad` gives back `q_rows` exactly; keys likewise."""
+    q_len = np.array([b[0] for b in blocks])
+    k_len = np.array([b[1] for b in blocks])
+    cu = np.concatenate([[0], np.cumsum(q_len)])
+    q_rows = np.array(rand.sample(range(10 * int(cu[-1])), int(cu[-1])))
+    key_start = np.array([rand.randrange(0, 500) for _ in blocks])
+    padded = padded_prefix(q_rows, cu, key_start, key_start + k_len, torch.device("cpu"))
+    rows = torch.arange(10 * int(cu[-1]))[:, None, None]  # (rows, 1, 1): each row's number
+    gathered = torch.cat([g.gather(rows, g.q_rows, g.q_len).transpose(1, 2).reshape(-1) for g in padded.groups])
+    back = gathered if padded.unpad is None else gathered.index_select(0, padded.unpad)
+    assert back.tolist() == q_rows.tolist()
+    for g in padded.groups:
+        keys = g.gather(torch.arange(1000)[:, None, None], g.k_rows, g.k_len)[:, 0, :, 0]  # (G, Lk)
+        real = keys if g.key_mask is None else keys.masked_fill(~g.key_mask[:, 0, 0], -1)
+        assert all(np.isin(row[row >= 0], key_start[:, None] + np.arange(90)).all() for row in real.numpy())
+
+
+def per_block(q, k, v, meta, scale, past=None):
+    """The attention as one kernel call per block, merged as the backend merges: the reference."""
+    backend = TorchAttention()
+    backend.causal_blocks = lambda q, k, v, blocks, scale: _each_causal(q, k, v, blocks, scale)
+    backend.prefix_blocks = lambda q, k, v, blocks, scale: _each_prefix(q, k, v, blocks, scale)
+    return backend(q, k, v, meta, scale, past)
+
+
+def _each_causal(q, k, v, blocks, scale):
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2])
+    bounds = blocks.cu_seqlens.tolist()
+    for a, b in zip(bounds, bounds[1:]):
+        o, l = _attention_with_lse(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), True, scale)
+        out[a:b], lse[a:b] = o[0].transpose(0, 1), l[0].transpose(0, 1)
+    return out, lse
+
+
+def _each_prefix(q, k, v, blocks, scale):
+    queries = q.index_select(0, blocks.q_rows)
+    out, lse = torch.empty_like(queries), torch.empty(queries.shape[:2])
+    cu = blocks.cu_seqlens_q.tolist()
+    for j, (ks, ke) in enumerate(zip(blocks.key_start.tolist(), blocks.key_end.tolist())):
+        o, l = _attention_with_lse(queries[cu[j]:cu[j + 1]].transpose(0, 1)[None], k[ks:ke].transpose(0, 1)[None],
+                                   v[ks:ke].transpose(0, 1)[None], False, scale)
+        out[cu[j]:cu[j + 1]], lse[cu[j]:cu[j + 1]] = o[0].transpose(0, 1), l[0].transpose(0, 1)
+    return out, lse
+
+
+def _plan(sequences, mode):
+    prepared = prepare_batch(sequences, mode, BatchLimits(vocab_size=400, max_seq_len=2048, radix_threshold=0.9))
+    if mode == "off":
+        return plan_ragged(prepared.input_ids, prepared.cu_seqlens, torch.device("cpu")).attention, prepared.num_tokens
+    return plan_compact(prepared, torch.device("cpu")).attention, prepared.index.num_compact
+
+
+@pytest.mark.parametrize("mode", ["off", "mlp", "full"])
+@pytest.mark.parametrize("sequences", [*GOLDEN.values(), *map(random_batch, range(3))],
+                         ids=[*GOLDEN, *(f"random-{i}" for i in range(3))])
+def test_padded_groups_equal_one_call_per_block(sequences, mode):
+    meta, rows = _plan(sequences, mode)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(rows, 4, 16, generator=gen)  # (R, Hq, D)
+    k, v = torch.randn(2, rows, 2, 16, generator=gen)  # (R, Hkv, D) each
+    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25), per_block(q, k, v, meta, 0.25),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_past_blocks_from_the_cache_equal_one_call_per_block():
+    """Past blocks (keys in the cached K/V) of assorted lengths, some padded, merged with the batch's own."""
+    meta, rows = _plan(GOLDEN["prefix-groups-of-depths"], "full")
+    gen = torch.Generator().manual_seed(1)
+    past_k, past_v = torch.randn(2, 300, 2, 16, generator=gen)  # (C, Hkv, D) each
+    q_rows = np.arange(rows)
+    cu = np.array([0, 5, 40, rows])
+    meta.past = prefix_blocks(q_rows, cu, np.array([0, 7, 100]), np.array([7, 130, 299]), torch.device("cpu"))
+    q = torch.randn(rows, 4, 16, generator=gen)
+    k, v = torch.randn(2, rows, 2, 16, generator=gen)
+    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
+                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
