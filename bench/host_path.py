@@ -312,7 +312,8 @@ def write_report(results: dict, args) -> None:
                 "served time less the sum of the in-process stages. Host documents/s = documents / (the stages' "
                 "time less the forward); full load is "
                 f"{args.clients} closed-loop clients, and the forward's share is the replica's own `forward_s` "
-                "(`Engine.run_jobs`) over the wall time. Pairs a / b are gRPC / HTTP.\n", *headline_table(results), "", arithmetic(results, args)]
+                "(`Engine.run_jobs`) over the wall time. Pairs a / b are gRPC / HTTP.\n", *headline_table(results), "",
+                arithmetic(results, args)]
     for preset, sizes in results.items():
         for docs, r in sizes.items():
             sections += [f"\n## `{preset}`, {docs} documents per request\n", *stage_table(r)]

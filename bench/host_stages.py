@@ -127,7 +127,8 @@ class HostPath:
             cached = [cache.cached_length(part.shared_ids) if part.shared_len else 0 for part in call.parts]
         started, inside = time.perf_counter(), self._inside
         results = await self.batcher.submit(
-            list(call.parts), [max(1, part.num_tokens - len(part.sequences) * c) for part, c in zip(call.parts, cached)],
+            list(call.parts),
+            [max(1, part.num_tokens - len(part.sequences) * c) for part, c in zip(call.parts, cached)],
             [max(1, part.work_tokens - c) for part, c in zip(call.parts, cached)], call.prefix_key)
         self.clock.add("batcher", time.perf_counter() - started - (self._inside - inside))
         return results
