@@ -15,8 +15,8 @@ Every text is encoded by two private copies of the Rust `tokenizers.Tokenizer` (
 transformers' Python wrapper: `encode_special_tokens`, truncation and padding are state the wrapper sets per call on
 its shared tokenizer, which races across threads; and `encode_batch_fast` encodes a whole batch in Rust threads with
 the GIL released, ids only (no offsets). On 1,000 MS MARCO-shaped rerank documents (the tiny tokenizer, ~130 tokens
-each, 2 cores) the wrapper took 0.101 s, the copy's `encode_batch` 0.089 s and `encode_batch_fast` 0.072 s, of which
-0.015 s is reading the ids into Python lists.
+each; best of 9 on a shared 2-core machine) the wrapper took 0.093 s, the copy's `encode_batch` 0.080 s and
+`encode_batch_fast` 0.075 s, about 0.015 s of it reading the ids into Python lists.
 """
 
 from __future__ import annotations
