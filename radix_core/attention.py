@@ -35,7 +35,7 @@ from functools import cached_property
 import torch
 
 from radix_core.engine_config import ATTENTION_CHOICES
-from radix_core.padded_blocks import PaddedBlocks, padded_causal, padded_prefix
+from radix_core.padded_blocks import PaddedGroup, padded_causal, padded_prefix
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class CausalBlocks:
     max_seqlen: int
 
     @cached_property
-    def padded(self) -> PaddedBlocks:
+    def padded(self) -> list[PaddedGroup]:
         """The blocks padded to bucket lengths, one dense call per bucket (`radix_core.padded_blocks`)."""
         return padded_causal(self.cu_seqlens.cpu().numpy(), self.cu_seqlens.device)
 
@@ -65,7 +65,7 @@ class PrefixBlocks:
     max_seqlen_k: int
 
     @cached_property
-    def padded(self) -> PaddedBlocks:
+    def padded(self) -> list[PaddedGroup]:
         """The blocks in chunks of queries padded to bucket key lengths, one dense call per bucket."""
         return padded_prefix(*(t.cpu().numpy() for t in (self.q_rows, self.cu_seqlens_q, self.key_start,
                                                           self.key_end)), self.q_rows.device)
@@ -93,23 +93,30 @@ class AttentionMetadata:
     out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
 
 
-def merge_prefix(out: torch.Tensor, lse: torch.Tensor, prefix_out: torch.Tensor, prefix_lse: torch.Tensor,
-                 rows: torch.Tensor) -> torch.Tensor:
-    """Softmax over a row's whole path from its parts: `out` (R, H, D) and `lse` (R, H) of the causal blocks,
-    `prefix_out` (P, H, D) and `prefix_lse` (P, H) of the prefix blocks, whose query `i` is row `rows[i]`.
-    Each part is weighted by exp(its lse - the row's largest lse), in float32; returns `out`'s dtype. Consumes
-    its float32 inputs (the backends' fresh results): the weighting is done in place."""
-    index = rows[:, None].expand(-1, lse.shape[1])  # (P, H)
-    top = lse.scatter_reduce(0, index, prefix_lse, "amax")  # (R, H) the row's largest lse, for stability
+PrefixPart = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # out (P, Hq, D), lse (P, Hq) float32, rows (P,)
+
+
+def merge_prefix(out: torch.Tensor, lse: torch.Tensor, parts: list[PrefixPart]) -> torch.Tensor:
+    """Softmax over a row's whole path from its parts: `out` (R, H, D) and `lse` (R, H) of the causal blocks, and
+    prefix parts (out, lse, rows), whose query `i` is row `rows[i]` (a query with lse -inf weighs nothing). Each part
+    is weighted by exp(its lse - the row's largest lse), in float32; returns `out`'s dtype. Consumes its float32
+    inputs (the backends' fresh results): the weighting is done in place."""
+    top = lse.clone()  # (R, H) the row's largest lse, for stability
+    for _, part_lse, rows in parts:
+        top.scatter_reduce_(0, rows[:, None].expand(-1, lse.shape[1]), part_lse, "amax")
     weight = (lse - top).exp_()  # (R, H)
-    prefix_weight = (prefix_lse - top.index_select(0, rows)).exp_()  # (P, H)
-    total = out.float().mul_(weight[..., None]).index_add_(0, rows, prefix_out.float().mul_(prefix_weight[..., None]))
-    return total.div_(weight.index_add_(0, rows, prefix_weight)[..., None]).to(out.dtype)
+    total = out.float().mul_(weight[..., None])  # (R, H, D)
+    for part_out, part_lse, rows in parts:
+        part_weight = (part_lse - top.index_select(0, rows)).exp_()  # (P, H)
+        total.index_add_(0, rows, part_out.float().mul_(part_weight[..., None]))
+        weight.index_add_(0, rows, part_weight)
+    return total.div_(weight[..., None]).to(out.dtype)
 
 
 class AttentionBackend:
     """`attention(q (Nq, Hq, D), k (Nk, Hkv, D), v (Nk, Hkv, D), meta, scale, past) -> (Nq, Hq, D)` from two
-    primitives, each returning (out, lse (rows, Hq) float32 natural log). `past`: the layer's cached K/V
+    primitives: `causal_blocks` returns (out, lse (rows, Hq) float32 natural log) in row order, `prefix_blocks` a
+    list of `PrefixPart`s, each saying which query row its outputs belong to. `past`: the layer's cached K/V
     ((C, Hkv, D) each) that `meta.past` reads."""
 
     name = "abstract"
@@ -119,19 +126,19 @@ class AttentionBackend:
         if meta.qkv_scatter is not None:  # RadixMLP: attention in the original layout
             q, k, v = (t.index_select(0, meta.qkv_scatter) for t in (q, k, v))  # (N, H, D)
         out, lse = self.causal_blocks(q, k, v, meta.causal, scale)
-        parts = []  # (out (P, Hq, D), lse (P, Hq), query rows (P,)) of each kind of prefix block
+        parts = []
         if meta.prefix is not None:
-            parts.append((*self.prefix_blocks(q, k, v, meta.prefix, scale), meta.prefix.q_rows))
+            parts += self.prefix_blocks(q, k, v, meta.prefix, scale)
         if meta.past is not None:
-            parts.append((*self.prefix_blocks(q, *past, meta.past, scale), meta.past.q_rows))
+            parts += self.prefix_blocks(q, *past, meta.past, scale)
         if parts:
-            out = merge_prefix(out, lse, *(torch.cat(kind) if len(parts) > 1 else kind[0] for kind in zip(*parts)))
+            out = merge_prefix(out, lse, parts)
         return out if meta.out_gather is None else out.index_select(0, meta.out_gather)  # (N', Hq, D) in `mlp`
 
     def causal_blocks(self, q, k, v, blocks: CausalBlocks, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def prefix_blocks(self, q, k, v, blocks: PrefixBlocks, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefix_blocks(self, q, k, v, blocks: PrefixBlocks, scale: float) -> list[PrefixPart]:
         raise NotImplementedError
 
 
@@ -145,25 +152,31 @@ class TorchAttention(AttentionBackend):
     name = "torch"
 
     def causal_blocks(self, q, k, v, blocks, scale):
-        return _padded_attention(q, k, v, blocks.padded, True, scale)
+        rows = q.shape[0]
+        out = q.new_empty(rows + 1, *q.shape[1:])  # (R + 1, Hq, D): the last row takes the padded queries' outputs
+        lse = torch.empty(rows + 1, q.shape[1], dtype=torch.float32, device=q.device)  # (R + 1, Hq)
+        for group, group_out, group_lse in _padded_attention(q, k, v, blocks.padded, True, scale):
+            out.index_copy_(0, group.out_rows, group_out)
+            lse.index_copy_(0, group.out_rows, group_lse)
+        return out[:rows], lse[:rows]
 
     def prefix_blocks(self, q, k, v, blocks, scale):
-        return _padded_attention(q, k, v, blocks.padded, False, scale)
+        parts = []
+        for group, group_out, group_lse in _padded_attention(q, k, v, blocks.padded, False, scale):
+            if group.padding is not None:
+                group_lse.masked_fill_(group.padding[:, None], float("-inf"))  # copies of real queries weigh nothing
+            parts.append((group_out, group_lse, group.out_rows))
+        return parts
 
 
-def _padded_attention(q, k, v, padded: PaddedBlocks, causal: bool, scale: float):
-    """(out (rows, Hq, D), lse (rows, Hq) float32) of `padded`'s blocks, one call per group."""
-    outs, lses = [], []
-    for g in padded.groups:
-        o, lse = _attention_with_lse(g.gather(q, g.q_rows, g.q_len), g.gather(k, g.k_rows, g.k_len),
-                                     g.gather(v, g.k_rows, g.k_len), causal, scale,
-                                     g.additive_mask(q.dtype))  # (G, Hq, Lq, D), (G, Hq, Lq)
-        outs.append(o.transpose(1, 2).reshape(-1, *q.shape[1:]))  # (G * Lq, Hq, D)
-        lses.append(lse.transpose(1, 2).reshape(-1, q.shape[1]).float())  # float64 inputs give a float64 lse
-    out, lse = (torch.cat(parts) if len(parts) > 1 else parts[0] for parts in (outs, lses))
-    if padded.unpad is None:
-        return out, lse
-    return out.index_select(0, padded.unpad), lse.index_select(0, padded.unpad)
+def _padded_attention(q, k, v, groups: list[PaddedGroup], causal: bool, scale: float):
+    """Per group: (the group, out (G * Lq, Hq, D), lse (G * Lq, Hq) float32), one kernel call each."""
+    for g in groups:
+        out, lse = _attention_with_lse(g.gather(q, g.q_rows, g.q_len), g.gather(k, g.k_rows, g.k_len),
+                                       g.gather(v, g.k_rows, g.k_len), causal, scale,
+                                       g.additive_mask(q.dtype))  # (G, Hq, Lq, D), (G, Hq, Lq)
+        # float64 inputs give a float64 lse
+        yield g, out.transpose(1, 2).reshape(-1, *q.shape[1:]), lse.transpose(1, 2).reshape(-1, q.shape[1]).float()
 
 
 _MATH_CHUNK = 1 << 24  # score elements per step of the matmul fallback (64 MiB of float32)
@@ -223,7 +236,7 @@ class FlashAttention(AttentionBackend):
                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=blocks.max_seqlen_q,
                                 max_seqlen_k=blocks.max_seqlen_k, softmax_scale=scale, causal=False,
                                 return_lse=True)  # (P, Hq, D), (Hq, P)
-        return out, lse.transpose(0, 1)
+        return [(out, lse.transpose(0, 1), blocks.q_rows)]
 
 
 class TritonAttention(AttentionBackend):
@@ -246,8 +259,9 @@ class TritonAttention(AttentionBackend):
         return self._attention(q, k, v, cu, cu[:-1], cu[1:], blocks.max_seqlen, causal=True, scale=scale)
 
     def prefix_blocks(self, q, k, v, blocks, scale):
-        return self._attention(q, k, v, blocks.cu_seqlens_q, blocks.key_start, blocks.key_end,
-                               blocks.max_seqlen_q, q_rows=blocks.q_rows, causal=False, scale=scale)
+        out, lse = self._attention(q, k, v, blocks.cu_seqlens_q, blocks.key_start, blocks.key_end,
+                                   blocks.max_seqlen_q, q_rows=blocks.q_rows, causal=False, scale=scale)
+        return [(out, lse, blocks.q_rows)]
 
 
 _FLASH_INSTALL = "pip install 'radixserve[gpu]' (flash-attn-4 with its CUDA 13 CuTe DSL libraries)"

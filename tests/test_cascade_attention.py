@@ -88,7 +88,7 @@ def test_shared_prefix_keys_are_read_once():
     meta = plan_compact(prepare_batch(sequences, "full", LIMITS), torch.device("cpu")).attention
     assert meta.prefix.key_start.tolist() == [0] and meta.prefix.key_end.tolist() == [8]
     assert meta.prefix.q_rows.tolist() == list(range(8, 8 + 64))
-    assert meta.causal.max_seqlen == 8 and len(meta.causal.padded.groups) == 2  # the prefix, and 32 suffixes in one call
+    assert meta.causal.max_seqlen == 8 and len(meta.causal.padded) == 1  # the prefix and 32 suffixes: one call
 
 
 def test_math_fallback_equals_the_cpu_kernel():
@@ -106,7 +106,7 @@ def test_merge_is_stable_when_one_part_dominates():
     """Parts whose log-sum-exps differ by far more than float32's exp range still merge to the right weights."""
     out, prefix_out = torch.ones(2, 1, 1), torch.full((1, 1, 1), 3.0)
     lse, prefix_lse = torch.tensor([[0.0], [500.0]]), torch.tensor([[500.0]])
-    merged = merge_prefix(out, lse, prefix_out, prefix_lse, torch.tensor([0]))
+    merged = merge_prefix(out, lse, [(prefix_out, prefix_lse, torch.tensor([0]))])
     assert merged.flatten().tolist() == [3.0, 1.0]  # row 0: the prefix part dominates; row 1 has no prefix part
 
 

@@ -14,45 +14,55 @@ from test_engine_golden import BATCHES as GOLDEN
 from radix_core.attention import TorchAttention, _attention_with_lse
 from radix_core.batch import BatchLimits, prepare_batch
 from radix_core.forward import plan_compact, plan_ragged, prefix_blocks
-from radix_core.padded_blocks import BUCKETS_PER_OCTAVE, MIN_BUCKET, bucket_lengths, padded_causal, padded_prefix
+from radix_core.padded_blocks import ALIGN, BUCKETS_PER_OCTAVE, bucket_lengths, padded_causal, padded_prefix
 
 
 @given(st.lists(st.integers(1, 100_000), min_size=1, max_size=50))
-def test_buckets_cover_each_length_and_pad_at_most_an_eighth(lengths):
+def test_buckets_are_aligned_cover_each_length_and_pad_at_most_an_eighth(lengths):
     n = np.array(lengths)
     b = bucket_lengths(n)
-    assert (b >= n).all() and (b >= MIN_BUCKET).all()
-    assert (b <= np.maximum(n * (1 + 1 / BUCKETS_PER_OCTAVE), MIN_BUCKET)).all()
+    assert (b >= n).all() and (b % ALIGN == 0).all()
+    assert (b < np.maximum(n * (1 + 1 / BUCKETS_PER_OCTAVE), n + ALIGN)).all()
     assert (bucket_lengths(b) == b).all()  # a bucket is its own bucket
 
 
 def test_a_thousand_blocks_make_one_call_per_bucket():
-    """1,000 causal blocks of 1,000 distinct-ish lengths: calls = buckets present (at most 8 per doubling)."""
+    """1,000 causal blocks of up to 2,048 rows: calls = buckets present (8 up to 128, then 8 per doubling)."""
     lengths = np.random.default_rng(0).integers(1, 2049, 1000)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
-    groups = padded_causal(bounds, torch.device("cpu")).groups
-    assert len(groups) == len(np.unique(bucket_lengths(lengths))) <= BUCKETS_PER_OCTAVE * 11 + MIN_BUCKET
+    groups = padded_causal(bounds, torch.device("cpu"))
+    assert len(groups) == len(np.unique(bucket_lengths(lengths))) <= BUCKETS_PER_OCTAVE * 5
     assert sum(g.count for g in groups) == 1000
 
 
 @given(st.lists(st.tuples(st.integers(1, 200), st.integers(1, 90)), min_size=1, max_size=30), st.randoms())
 @settings(max_examples=50, deadline=None)
-def test_prefix_chunks_put_every_query_back_in_its_place(blocks, rand):
-    """Gathering row numbers through the groups and `unpad` gives back `q_rows` exactly; keys likewise."""
+def test_prefix_chunks_send_every_query_to_its_row_once(blocks, rand):
+    """Each group reads its queries from the rows it writes to; over the groups, the real (unpadded) queries are
+    exactly `q_rows`, each once; every key a group reads lies in its block's range, and padded keys are masked."""
     q_len = np.array([b[0] for b in blocks])
     k_len = np.array([b[1] for b in blocks])
     cu = np.concatenate([[0], np.cumsum(q_len)])
     q_rows = np.array(rand.sample(range(10 * int(cu[-1])), int(cu[-1])))
     key_start = np.array([rand.randrange(0, 500) for _ in blocks])
-    padded = padded_prefix(q_rows, cu, key_start, key_start + k_len, torch.device("cpu"))
-    rows = torch.arange(10 * int(cu[-1]))[:, None, None]  # (rows, 1, 1): each row's number
-    gathered = torch.cat([g.gather(rows, g.q_rows, g.q_len).transpose(1, 2).reshape(-1) for g in padded.groups])
-    back = gathered if padded.unpad is None else gathered.index_select(0, padded.unpad)
-    assert back.tolist() == q_rows.tolist()
-    for g in padded.groups:
+    groups = padded_prefix(q_rows, cu, key_start, key_start + k_len, torch.device("cpu"))
+    real = []
+    for g in groups:
+        read = g.gather(torch.arange(10 * int(cu[-1]))[:, None, None], g.q_rows, g.q_len).reshape(-1)
+        assert read.tolist() == g.out_rows.tolist()
+        real += read[~g.padding].tolist() if g.padding is not None else read.tolist()
         keys = g.gather(torch.arange(1000)[:, None, None], g.k_rows, g.k_len)[:, 0, :, 0]  # (G, Lk)
-        real = keys if g.key_mask is None else keys.masked_fill(~g.key_mask[:, 0, 0], -1)
-        assert all(np.isin(row[row >= 0], key_start[:, None] + np.arange(90)).all() for row in real.numpy())
+        keys = keys if g.key_mask is None else keys.masked_fill(~g.key_mask[:, 0, 0], -1)
+        assert all(np.isin(row[row >= 0], key_start[:, None] + np.arange(90)).all() for row in keys.numpy())
+    assert sorted(real) == sorted(q_rows.tolist())
+
+
+def test_causal_padding_goes_to_the_scratch_row():
+    """Padded causal queries write to the row past the end; every real row is written exactly once."""
+    bounds = np.array([0, 3, 20, 21, 60])
+    groups = padded_causal(bounds, torch.device("cpu"))
+    written = torch.cat([g.out_rows for g in groups])
+    assert sorted(written[written < 60].tolist()) == list(range(60)) and set(written[written >= 60].tolist()) == {60}
 
 
 def per_block(q, k, v, meta, scale, past=None):
@@ -80,7 +90,7 @@ def _each_prefix(q, k, v, blocks, scale):
         o, l = _attention_with_lse(queries[cu[j]:cu[j + 1]].transpose(0, 1)[None], k[ks:ke].transpose(0, 1)[None],
                                    v[ks:ke].transpose(0, 1)[None], False, scale)
         out[cu[j]:cu[j + 1]], lse[cu[j]:cu[j + 1]] = o[0].transpose(0, 1), l[0].transpose(0, 1)
-    return out, lse
+    return [(out, lse, blocks.q_rows)]
 
 
 def _plan(sequences, mode):
