@@ -35,7 +35,7 @@ from functools import cached_property
 import torch
 
 from radix_core.engine_config import ATTENTION_CHOICES
-from radix_core.padded_blocks import PaddedGroup, padded_causal, padded_prefix
+from radix_core.padded_blocks import PaddedGroup, PaddedPlan, padded_cascade, padded_prefix
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,6 @@ class CausalBlocks:
 
     cu_seqlens: torch.Tensor  # (J+1,) int32 block boundaries, covering every row
     max_seqlen: int
-
-    @cached_property
-    def padded(self) -> list[PaddedGroup]:
-        """The blocks padded to bucket lengths, one dense call per bucket (`radix_core.padded_blocks`)."""
-        return padded_causal(self.cu_seqlens.cpu().numpy(), self.cu_seqlens.device)
 
 
 @dataclass
@@ -92,6 +87,14 @@ class AttentionMetadata:
     qkv_scatter: torch.Tensor | None = None  # (N,) int64 `mlp` mode: compact -> original rows before attention
     out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
 
+    @cached_property
+    def padded(self) -> PaddedPlan:
+        """The causal and prefix blocks as padded groups, one dense call per bucket, short prefix blocks absorbed
+        into the causal ones (`radix_core.padded_blocks`): the torch backend's plan."""
+        prefix = None if self.prefix is None else tuple(t.cpu().numpy() for t in (
+            self.prefix.q_rows, self.prefix.cu_seqlens_q, self.prefix.key_start, self.prefix.key_end))
+        return padded_cascade(self.causal.cu_seqlens.cpu().numpy(), prefix, self.causal.cu_seqlens.device)
+
 
 PrefixPart = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # out (P, Hq, D), lse (P, Hq) float32, rows (P,)
 
@@ -125,15 +128,18 @@ class AttentionBackend:
                  past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if meta.qkv_scatter is not None:  # RadixMLP: attention in the original layout
             q, k, v = (t.index_select(0, meta.qkv_scatter) for t in (q, k, v))  # (N, H, D)
-        out, lse = self.causal_blocks(q, k, v, meta.causal, scale)
-        parts = []
-        if meta.prefix is not None:
-            parts += self.prefix_blocks(q, k, v, meta.prefix, scale)
+        out, lse, parts = self.attend(q, k, v, meta, scale)
         if meta.past is not None:
-            parts += self.prefix_blocks(q, *past, meta.past, scale)
+            parts = parts + self.prefix_blocks(q, *past, meta.past, scale)
         if parts:
             out = merge_prefix(out, lse, parts)
         return out if meta.out_gather is None else out.index_select(0, meta.out_gather)  # (N', Hq, D) in `mlp`
+
+    def attend(self, q, k, v, meta: AttentionMetadata, scale: float) -> tuple[torch.Tensor, torch.Tensor,
+                                                                               list[PrefixPart]]:
+        """The batch's own blocks: (out, lse) of the causal blocks in row order, and the prefix parts."""
+        out, lse = self.causal_blocks(q, k, v, meta.causal, scale)
+        return out, lse, [] if meta.prefix is None else self.prefix_blocks(q, k, v, meta.prefix, scale)
 
     def causal_blocks(self, q, k, v, blocks: CausalBlocks, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -144,25 +150,31 @@ class AttentionBackend:
 
 class TorchAttention(AttentionBackend):
     """Attention with its log-sum-exp over blocks padded to bucket lengths, one dense call per bucket
-    (`radix_core.padded_blocks`: at most one call per bucket present, where one per block made ~300 calls a layer
-    on a 1,000-document rerank); the CPU path and the reference for the others. On the CPU it calls the kernel
+    (`radix_core.padded_blocks`: at most one call per bucket present, where one per block made ~500 calls a layer
+    on a 1,000-document rerank; prefix blocks of a few keys are absorbed into their descendants' causal blocks);
+    the CPU path and the reference for the others. On the CPU it calls the kernel
     that `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also
     returns the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
 
     name = "torch"
 
-    def causal_blocks(self, q, k, v, blocks, scale):
+    def attend(self, q, k, v, meta, scale):
+        plan = meta.padded
         rows = q.shape[0]
-        out = q.new_empty(rows + 1, *q.shape[1:])  # (R + 1, Hq, D): the last row takes the padded queries' outputs
+        out = q.new_empty(rows + 1, *q.shape[1:])  # (R + 1, Hq, D): the last row takes the dropped queries' outputs
         lse = torch.empty(rows + 1, q.shape[1], dtype=torch.float32, device=q.device)  # (R + 1, Hq)
-        for group, group_out, group_lse in _padded_attention(q, k, v, blocks.padded, True, scale):
+        for group, group_out, group_lse in _padded_attention(q, k, v, plan.causal, True, scale):
             out.index_copy_(0, group.out_rows, group_out)
             lse.index_copy_(0, group.out_rows, group_lse)
-        return out[:rows], lse[:rows]
+        return out[:rows], lse[:rows], self._prefix_parts(q, k, v, plan.prefix, scale)
 
     def prefix_blocks(self, q, k, v, blocks, scale):
+        return self._prefix_parts(q, k, v, blocks.padded, scale)
+
+    @staticmethod
+    def _prefix_parts(q, k, v, groups: list[PaddedGroup], scale: float) -> list[PrefixPart]:
         parts = []
-        for group, group_out, group_lse in _padded_attention(q, k, v, blocks.padded, False, scale):
+        for group, group_out, group_lse in _padded_attention(q, k, v, groups, False, scale):
             if group.padding is not None:
                 group_lse.masked_fill_(group.padding[:, None], float("-inf"))  # copies of real queries weigh nothing
             parts.append((group_out, group_lse, group.out_rows))

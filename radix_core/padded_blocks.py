@@ -31,9 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from radix_core.cascade import concat_ranges
+
 BUCKETS_PER_OCTAVE = 8  # above 128, padding at most 1 / 8 of a length
 ALIGN = 16  # every bucket a multiple of 16: the CPU kernel runs 16 keys faster than 8 or 12, 64 than 56 or 60
 PREFIX_CHUNK = 64  # queries per prefix-block chunk: a block pads at most 63 query rows
+SHORT_PREFIX = ALIGN  # a prefix block of at most this many keys is absorbed into its descendants' causal blocks
+ABSORB_LIMIT = ALIGN  # the most keys a causal block takes in from its ancestors
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,65 @@ def bucket_lengths(lengths: np.ndarray) -> np.ndarray:
     return -(-n // step) * step
 
 
-def padded_causal(bounds: np.ndarray, device: torch.device) -> list[PaddedGroup]:
-    """Causal blocks `bounds[j]:bounds[j+1]` (every row in exactly one block) padded at their ends; a padded
-    query's output row is `bounds[-1]`, one past the last (scratch)."""
-    starts, lengths = bounds[:-1].astype(np.int64), np.diff(bounds).astype(np.int64)  # (J,) each
-    return _padded(None, starts, lengths, starts, lengths, bucket_lengths(lengths), device, int(bounds[-1]))
+@dataclass(frozen=True)
+class PaddedPlan:
+    """A batch's own blocks as padded groups: causal blocks (with the short ancestors they absorbed) and the prefix
+    blocks left."""
+
+    causal: list[PaddedGroup]
+    prefix: list[PaddedGroup]
+
+
+def padded_cascade(bounds: np.ndarray, prefix: tuple[np.ndarray, ...] | None, device: torch.device) -> PaddedPlan:
+    """Causal blocks `bounds[j]:bounds[j+1]` and prefix blocks `prefix` = (q_rows, cu, key_start, key_end) as padded
+    groups. A prefix block of at most `SHORT_PREFIX` keys is absorbed into its descendants' causal blocks, nearest
+    ancestor first while a segment takes in at most `ABSORB_LIMIT` keys: the descendant's block reads those keys
+    first (its own queries see all of them, as they come before it on its path) and their queries' outputs go to
+    the scratch row. Exact: a row's softmax is still over its whole path, split differently."""
+    starts, lengths = bounds[:-1].astype(np.int64), np.diff(bounds).astype(np.int64)  # (S,) each
+    if prefix is None:
+        return PaddedPlan(_padded(None, starts, lengths, None, starts, lengths, device, scratch=int(bounds[-1])), [])
+    q_rows, cu, key_start, key_end = (a.astype(np.int64) for a in prefix)
+    # (block, descendant segment) pairs: a block's queries are its descendants' rows, whole segment after segment
+    segment = np.searchsorted(bounds, q_rows, side="right") - 1  # (P,)
+    first = np.flatnonzero(q_rows == starts[segment])  # (A,) where each descendant segment begins
+    pair_block = np.searchsorted(cu, first, side="right") - 1  # (A,)
+    pair_seg = segment[first]  # (A,)
+    pair_len = (key_end - key_start)[pair_block]  # (A,) the ancestor's keys
+    absorbed = _absorbed(pair_seg, pair_len, key_start[pair_block])  # (A,) bool
+    # causal blocks: each segment's absorbed ancestors' rows, then its own
+    seg = np.concatenate([pair_seg[absorbed], np.arange(starts.shape[0])])
+    order = np.lexsort((np.arange(seg.shape[0]) >= absorbed.sum(), seg))  # by segment, ancestors first
+    range_start = np.concatenate([key_start[pair_block[absorbed]], starts])[order]
+    range_len = np.concatenate([pair_len[absorbed], lengths])[order]
+    flat = concat_ranges(range_start, range_len)  # rows of every block, block after block
+    block_len = np.bincount(seg, weights=np.concatenate([pair_len[absorbed], lengths])).astype(np.int64)  # (S,)
+    skip = np.bincount(pair_seg[absorbed], weights=pair_len[absorbed], minlength=starts.shape[0]).astype(np.int64)
+    offsets = np.cumsum(block_len) - block_len
+    causal = _padded(flat, offsets, block_len, flat, offsets, block_len, device, scratch=int(bounds[-1]), skip=skip)
+    # prefix blocks left: each with the descendants that did not absorb it
+    kept = ~absorbed
+    if not kept.any():
+        return PaddedPlan(causal, [])
+    blocks, first_kept = np.unique(pair_block[kept], return_index=True)
+    kept_rows = np.bincount(pair_block[kept], weights=lengths[pair_seg[kept]])[blocks].astype(np.int64)
+    kept_cu = np.concatenate([[0], np.cumsum(kept_rows)])
+    kept_q = concat_ranges(starts[pair_seg[kept]], lengths[pair_seg[kept]])
+    return PaddedPlan(causal, padded_prefix(kept_q, kept_cu, key_start[blocks], key_end[blocks], device))
+
+
+def _absorbed(pair_seg: np.ndarray, pair_len: np.ndarray, ancestor_start: np.ndarray) -> np.ndarray:
+    """(A,) bool: which (ancestor block, descendant segment) pairs are absorbed. Rows are numbered parent before
+    child, so along a path a nearer ancestor starts at a later row: per segment, short ancestors from the latest
+    start back, while their keys add up to at most `ABSORB_LIMIT`."""
+    short = np.flatnonzero(pair_len <= SHORT_PREFIX)
+    short = short[np.lexsort((-ancestor_start[short], pair_seg[short]))]  # by segment, nearest ancestor first
+    taken = np.cumsum(pair_len[short])
+    new_segment = np.flatnonzero(np.diff(pair_seg[short], prepend=-1) != 0)
+    before = np.repeat(taken[new_segment] - pair_len[short][new_segment], np.diff(np.append(new_segment, short.size)))
+    absorbed = np.zeros(pair_seg.shape[0], dtype=bool)
+    absorbed[short[taken - before <= ABSORB_LIMIT]] = True
+    return absorbed
 
 
 def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key_end: np.ndarray,
@@ -90,15 +148,17 @@ def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key
     chunk_len = np.minimum(q_lengths[block] - offset, PREFIX_CHUNK)  # (C,)
     k_start = key_start.astype(np.int64)[block]
     k_len = (key_end.astype(np.int64) - key_start.astype(np.int64))[block]
-    return _padded(q_rows.astype(np.int64), cu[:-1].astype(np.int64)[block] + offset, chunk_len, k_start, k_len,
-                   bucket_lengths(k_len), device)
+    return _padded(q_rows.astype(np.int64), cu[:-1].astype(np.int64)[block] + offset, chunk_len, None, k_start,
+                   k_len, device)
 
 
-def _padded(q_index, q_start, q_len, k_start, k_len, k_pad, device, scratch: int | None = None) -> list[PaddedGroup]:
-    """Blocks `j` of queries `q_index[q_start[j] + (0..q_len[j])]` (`q_index` None: the identity) and keys `k_start[j] + (0..k_len[j])`, grouped by
-    `k_pad` (their padded key length). Causal blocks (`scratch` given, `q_index` the identity) pad their queries
-    to it too and send padded outputs to row `scratch`; prefix chunks pad to the group's longest. A padded query
-    or key repeats its block's last."""
+def _padded(q_index, q_start, q_len, k_index, k_start, k_len, device, scratch: int | None = None,
+            skip: np.ndarray | None = None) -> list[PaddedGroup]:
+    """Blocks `j` of queries `q_index[q_start[j] + (0..q_len[j])]` and keys `k_index[k_start[j] + (0..k_len[j])]`
+    (an index None: the identity), grouped by their key length's bucket. Causal blocks (`scratch` given) pad their
+    queries to it too and send the outputs of padded queries and of their first `skip[j]` queries to row
+    `scratch`; prefix chunks pad to the group's longest. A padded query or key repeats its block's last."""
+    k_pad = bucket_lengths(k_len)
     order = np.argsort(k_pad, kind="stable")  # (J,) blocks grouped by bucket, in block order within one
     sizes, first = np.unique(k_pad[order], return_index=True)
     counts = np.diff(np.append(first, order.shape[0]))  # (B,) blocks per group
@@ -106,11 +166,13 @@ def _padded(q_index, q_start, q_len, k_start, k_len, k_pad, device, scratch: int
     for lk, start, count in zip(sizes.tolist(), first.tolist(), counts.tolist()):
         members = order[start:start + count]  # (G,)
         lq = lk if scratch is not None else int(q_len[members].max())
-        q_pos = _padded_rows(q_start[members], q_len[members], lq)  # (G * lq,)
-        keys = _padded_rows(k_start[members], k_len[members], lk)  # (G * lk,)
+        rows = _padded_rows(q_index, q_start[members], q_len[members], lq)  # (G * lq,) rows of the query tensor
+        keys = _padded_rows(k_index, k_start[members], k_len[members], lk)  # (G * lk,)
         padding = (np.arange(lq) >= q_len[members][:, None]).reshape(-1)  # (G * lq,)
-        rows = q_pos if q_index is None else q_index[q_pos]  # (G * lq,) rows of the query tensor
-        out_rows = rows if scratch is None else np.where(padding, scratch, rows)
+        out_rows = rows
+        if scratch is not None:
+            dropped = padding if skip is None else padding | (np.arange(lq) < skip[members][:, None]).reshape(-1)
+            out_rows = np.where(dropped, scratch, rows)
         mask = None if (k_len[members] == lk).all() else np.arange(lk) < k_len[members][:, None, None, None]
         groups.append(PaddedGroup(count, lq, lk, _as_index(rows, device), _as_index(keys, device),
                                   _tensor(mask, device), _tensor(out_rows, device),
@@ -122,9 +184,11 @@ def _tensor(a: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
 
-def _padded_rows(starts: np.ndarray, lengths: np.ndarray, padded: int) -> np.ndarray:
-    """(G * padded,) `starts[g] + i` for `i < padded`, positions past a block's end repeating its last row."""
-    return (starts[:, None] + np.minimum(np.arange(padded), lengths[:, None] - 1)).reshape(-1)
+def _padded_rows(index: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray, padded: int) -> np.ndarray:
+    """(G * padded,) `index[starts[g] + i]` for `i < padded` (`index` None: the identity), positions past a block's
+    end repeating its last."""
+    positions = (starts[:, None] + np.minimum(np.arange(padded), lengths[:, None] - 1)).reshape(-1)
+    return positions if index is None else index[positions]
 
 
 def _as_index(rows: np.ndarray, device: torch.device) -> torch.Tensor | slice:

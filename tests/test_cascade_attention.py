@@ -88,7 +88,7 @@ def test_shared_prefix_keys_are_read_once():
     meta = plan_compact(prepare_batch(sequences, "full", LIMITS), torch.device("cpu")).attention
     assert meta.prefix.key_start.tolist() == [0] and meta.prefix.key_end.tolist() == [8]
     assert meta.prefix.q_rows.tolist() == list(range(8, 8 + 64))
-    assert meta.causal.max_seqlen == 8 and len(meta.causal.padded) == 1  # the prefix and 32 suffixes: one call
+    assert meta.causal.max_seqlen == 8 and len(meta.padded.causal) == 1  # the prefix and 32 suffixes: one call
 
 
 def test_math_fallback_equals_the_cpu_kernel():

@@ -43,13 +43,19 @@ class CountingBackend(TorchAttention):
         self.name = name
         self.variants: list[tuple[str, bool, bool]] = []
 
-    def causal_blocks(self, q, k, v, blocks, scale):
+    def attend(self, q, k, v, meta, scale):
+        blocks = meta.causal
         self.variants.append(("causal", blocks.cu_seqlens.shape[0] - 1 > 256, blocks.max_seqlen >= WARM_UP_LONG))
-        return super().causal_blocks(q, k, v, blocks, scale)
+        if meta.prefix is not None:
+            self._count_prefix(meta.prefix)
+        return super().attend(q, k, v, meta, scale)
 
     def prefix_blocks(self, q, k, v, blocks, scale):
-        self.variants.append(("prefix", blocks.key_start.shape[0] > 256, blocks.max_seqlen_q >= WARM_UP_LONG))
+        self._count_prefix(blocks)
         return super().prefix_blocks(q, k, v, blocks, scale)
+
+    def _count_prefix(self, blocks):
+        self.variants.append(("prefix", blocks.key_start.shape[0] > 256, blocks.max_seqlen_q >= WARM_UP_LONG))
 
 
 class FailingFlash(AttentionBackend):
@@ -117,7 +123,7 @@ def test_flash_by_name_or_another_backend_does_not_fall_back(tiny_model_dir, mon
                                          r"set attention='auto' to fall back to the Triton kernels"):
         Engine.from_pretrained(model, device="cpu", attention="flash").warm_up()
     broken = CountingBackend()
-    broken.causal_blocks = FailingFlash().causal_blocks
+    broken.attend = FailingFlash().attend  # the torch backend failing in its first call
     monkeypatch.setattr("radix_core.engine.make_backend", lambda name, device, dtype: broken)
     with pytest.raises(RuntimeError, match="ptxas fatal"):
         Engine.from_pretrained(model, device="cpu", attention="auto").warm_up()

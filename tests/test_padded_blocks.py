@@ -14,7 +14,7 @@ from test_engine_golden import BATCHES as GOLDEN
 from radix_core.attention import TorchAttention, _attention_with_lse
 from radix_core.batch import BatchLimits, prepare_batch
 from radix_core.forward import plan_compact, plan_ragged, prefix_blocks
-from radix_core.padded_blocks import ALIGN, BUCKETS_PER_OCTAVE, bucket_lengths, padded_causal, padded_prefix
+from radix_core.padded_blocks import ALIGN, BUCKETS_PER_OCTAVE, bucket_lengths, padded_cascade, padded_prefix
 
 
 @given(st.lists(st.integers(1, 100_000), min_size=1, max_size=50))
@@ -30,7 +30,7 @@ def test_a_thousand_blocks_make_one_call_per_bucket():
     """1,000 causal blocks of up to 2,048 rows: calls = buckets present (8 up to 128, then 8 per doubling)."""
     lengths = np.random.default_rng(0).integers(1, 2049, 1000)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
-    groups = padded_causal(bounds, torch.device("cpu"))
+    groups = padded_cascade(bounds, None, torch.device("cpu")).causal
     assert len(groups) == len(np.unique(bucket_lengths(lengths))) <= BUCKETS_PER_OCTAVE * 5
     assert sum(g.count for g in groups) == 1000
 
@@ -60,7 +60,7 @@ def test_prefix_chunks_send_every_query_to_its_row_once(blocks, rand):
 def test_causal_padding_goes_to_the_scratch_row():
     """Padded causal queries write to the row past the end; every real row is written exactly once."""
     bounds = np.array([0, 3, 20, 21, 60])
-    groups = padded_causal(bounds, torch.device("cpu"))
+    groups = padded_cascade(bounds, None, torch.device("cpu")).causal
     written = torch.cat([g.out_rows for g in groups])
     assert sorted(written[written < 60].tolist()) == list(range(60)) and set(written[written >= 60].tolist()) == {60}
 
@@ -124,3 +124,20 @@ def test_past_blocks_from_the_cache_equal_one_call_per_block():
     k, v = torch.randn(2, rows, 2, 16, generator=gen)
     torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
                                per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
+
+
+def test_a_comb_of_short_segments_is_absorbed_up_to_the_limit_and_the_rest_stays_prefix():
+    """Sequence i shares the first 2i tokens of a stem, then branches: every leaf has up to 19 ancestors of 2 keys.
+    Each causal block takes in its nearest ancestors' keys up to `ABSORB_LIMIT`; farther ones stay prefix blocks."""
+    stem = list(range(100, 140))
+    sequences = [stem[:2 * i] + [300 + i, 301] for i in range(1, 20)]
+    meta, rows = _plan(sequences, "full")
+    plan = meta.padded
+    assert plan.prefix and plan.causal
+    read = sum(g.count * g.k_len for g in plan.causal)
+    assert read > rows  # ancestors' keys are read by their descendants' causal blocks
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(rows, 4, 16, generator=gen)
+    k, v = torch.randn(2, rows, 2, 16, generator=gen)
+    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25), per_block(q, k, v, meta, 0.25),
+                               atol=1e-5, rtol=1e-5)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_gpu_start import CountingBackend
 
 from radix_core.cached_rows import RowShape
-from radix_core.engine import WARM_UP_LONG, Engine
+from radix_core.engine import Engine
 from radix_core.prefix_cache import PrefixCacheStats
 from radix_core.tasks import TaskConfig
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
@@ -234,14 +235,8 @@ def test_warm_up_runs_the_prefix_calls_cache_hits_make_in_every_mode(tiny_model_
     """Past blocks are prefix calls: with the cache, an `off` or `mlp` engine compiles them before it serves, in
     every variant (> 256 blocks, a block past every query tile), and starts with a cold cache."""
     engine = Engine.from_pretrained(str(tiny_model_dir("qwen3", "base")), device="cpu", radix=radix)
-    seen = set()
-    call = engine.backend.prefix_blocks
-
-    def counting(q, k, v, blocks, scale):
-        seen.add((blocks.key_start.shape[0] > 256, blocks.max_seqlen_q >= WARM_UP_LONG))
-        return call(q, k, v, blocks, scale)
-
-    engine.backend.prefix_blocks = counting
+    engine.backend = backend = CountingBackend()
     engine.warm_up()
-    assert seen == {(many, long) for many in (False, True) for long in (False, True)}
+    assert {variant for variant in backend.variants if variant[0] == "prefix"} == {
+        ("prefix", many, long) for many in (False, True) for long in (False, True)}
     assert engine.prefix_cache.stats() == PrefixCacheStats(engine.prefix_cache.budget_bytes)
