@@ -8,8 +8,9 @@ prepared. The serving layer's IndexBuilder prepares batch k+1 in another process
 lives in the engine's device memory and changes as batches run: matched there, batch k+1 would miss what batch k
 inserts (most often its own prefix: prefix routing and the batcher send one key's requests to one replica in
 consecutive batches) and could name segments that batch k evicts. The IndexBuilder keeps the expensive part (the
-trie and the cascade plan of the whole batch); here the lookup walks each sequence down the tree (a dict lookup and
-one numpy comparison per segment), and only a batch with hits is re-planned, in numpy over its N tokens and N'
+trie and the cascade plan of the whole batch); here the lookup walks each sequence down the tree from where the
+previous sequence's path parts from it (a dict lookup and one C comparison per segment), and only a batch with hits
+is re-planned, in numpy over its N tokens and N'
 compact rows, with no trie to build.
 
 **Which rows are read.** Sequence s reads its first `k_s` tokens from the cache: its cached prefix, cut where a

@@ -256,3 +256,19 @@ def test_budget_setting():
             cache_budget(bad, SHAPE)
     with pytest.raises(ValueError, match="holds no row"):
         PrefixCache(SHAPE, ROW - 1)
+
+
+def test_a_walk_that_starts_from_the_previous_sequence_matches_admits_and_reads_its_own_path():
+    """Each sequence's walk starts from the previous one's path where they agree (`PrefixCache._walk`): neighbours
+    that share a cached prompt, part of it, a ghost one of them left, or nothing (another scope) each match their
+    own cached prefix, the rows seen twice are admitted once, and every read row is the sequence's own (`run`)."""
+    prompt = [7] * 6 + [8, 9]
+    batch = [prompt + [1, 2], prompt + [1, 3], prompt + [1], prompt[:5], prompt + [4], [5, 5], prompt + [1, 2, 6],
+             prompt + [1, 2]]
+    scopes = ["a"] * 5 + ["b", "b", "a"]
+    cache = PrefixCache(SHAPE, 100 * ROW)
+    run(cache, [prompt + [0], prompt + [0]], scopes=["a", "a"])
+    matched, admitted = run(cache, batch, scopes)
+    assert matched == [8, 8, 8, 5, 8, 0, 0, 8]
+    assert admitted == [(1, 8, 9), (7, 9, 10)]  # [1] split from the first's ghost by the second; [2] by the last
+    assert run(cache, [prompt + [1, 2, 3]], ["a"])[0] == [10] and run(cache, [prompt + [1, 2, 6]], ["b"])[0] == [0]
