@@ -10,8 +10,7 @@ inserts (most often its own prefix: prefix routing and the batcher send one key'
 consecutive batches) and could name segments that batch k evicts. The IndexBuilder keeps the expensive part (the
 trie and the cascade plan of the whole batch); here the lookup walks each sequence down the tree from where the
 previous sequence's path parts from it (a dict lookup and one C comparison per segment), and only a batch with hits
-is re-planned, in numpy over its N tokens and N'
-compact rows, with no trie to build.
+is re-planned, in numpy over its N tokens and N' compact rows, with no trie to build.
 
 **Which rows are read.** Sequence s reads its first `k_s` tokens from the cache: its cached prefix, cut where a
 compact row it shares with another sequence of the batch is not cached for that one (a sequence of another scope).

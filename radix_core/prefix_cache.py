@@ -65,6 +65,7 @@ RESIDENT, PENDING, GHOST = "resident", "pending", "ghost"
 DEFAULT_CPU_BYTES = 256 << 20  # on the CPU: 14,563 rows of the bench preset, 1,149 of Qwen3-0.6B in float32
 GPU_FREE_SHARE = 0.3  # on CUDA: this share of the device memory free once the weights are loaded
 GHOST_FACTOR = 4  # ghost tokens remembered, per row the budget holds
+_LEAF: dict = {}  # the children of every segment that has none: a ghost tail is one object for the collector, not two
 
 
 def cache_budget(setting: int | str, shape: RowShape) -> int:
@@ -108,7 +109,7 @@ class _Segment:
         self.size = len(ids) >> 2  # n
         self.depth = depth  # tokens above the segment: the position of its first row
         self.parent = parent  # None for a scope's root
-        self.children: dict[bytes, _Segment] = {}  # by first token id's bytes
+        self.children: dict[bytes, _Segment] = _LEAF  # by first token id's bytes; its own dict from the first
         self.state = state
         self.kv: torch.Tensor | None = None  # (layers, 2, n, Hkv, D) when resident
         self.states: torch.Tensor | None = None  # (n, hidden) when resident
@@ -305,6 +306,8 @@ class PrefixCache:
             trail.append((node, p, matched, tip))
         if p < length:
             tail = _Segment(seq[4 * p:], p, node, GHOST)
+            if node.children is _LEAF:
+                node.children = {}
             node.children[tail.ids[:4]] = tail
             self._ghosts[tail] = None
             self._stats.ghost_tokens += tail.size
@@ -355,7 +358,7 @@ class PrefixCache:
         children. A resident segment's K/V and states are copied into two tensors, so each part owns its memory."""
         upper = _Segment(segment.ids[:4 * at], segment.depth, segment.parent, segment.state)
         upper.parent.children[upper.ids[:4]] = upper
-        upper.children[segment.ids[4 * at:4 * at + 4]] = segment
+        upper.children = {segment.ids[4 * at:4 * at + 4]: segment}
         upper.tick = segment.tick
         if segment.kv is not None:
             upper.kv, lower_kv = (part.clone(memory_format=torch.contiguous_format)
