@@ -57,7 +57,6 @@ from radix_core.engine import Engine
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
 SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
-RECENT_BATCHES = 1024  # BatcherStats.keep: the replica's means cover at most its last 1,024 batches
 TARGET_HOST_DOCS_S = 5000
 
 
@@ -100,12 +99,9 @@ def each_round(call, work: Workload):
 
 
 def batch_seconds(handle) -> dict[str, float]:
-    """The engine replica's batches so far and their seconds per stage (`BatcherStats.summary` means times
-    count); NaN once it has run more batches than its stats keep."""
+    """The engine replica's batches so far and their seconds per stage (`BatcherStats.summary` totals)."""
     summary = handle.info.remote().result()["batcher"]
-    n = summary["num_batches"]
-    scale = n if n <= RECENT_BATCHES else math.nan
-    return {"batches": n, **{stage: summary[f"mean_{stage}_s"] * scale for stage in SERVER_STAGES}}
+    return {"batches": summary["num_batches"], **{stage: summary[f"total_{stage}_s"] for stage in SERVER_STAGES}}
 
 
 def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -4,11 +4,11 @@ One run, one machine, the same model (the `bench` preset: Qwen3, hidden 512, 8 l
 CPU) and the same request streams for every configuration:
 
 * `in-process`: `Engine.run_jobs` on the requests in arrival order, `--clients` requests per batch (what a server
-  with that many requests in flight could batch at best), no Ray;
-* `served auto` / `served off`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build`
-  with the YAML's args, `placement.accelerator: cpu`, one engine replica, CPU reservations at their defaults, the
-  prefix cache on as by default, so `off` too reads a query's template and query once cached), called
-  through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
+  with that many requests in flight could batch at best), no Ray, the radix mode `auto`;
+* `served`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build` with the YAML's
+  args, `placement.accelerator: cpu`, one engine replica, CPU reservations and the radix mode at their defaults),
+  called through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
+* each of those with the prefix cache at its default (`engine.prefix_cache_bytes: auto`) and off (`0`);
 * `padded baseline` (`bench/padded_baseline.py`): a Ray Serve deployment with `@serve.batch` running
   transformers' `AutoModelForCausalLM` on right-padded batches (the reranker's yes/no logits, the LM head at the
   last token only; the last token's final hidden state for embeddings), the same prompts, reserving the same CPUs
@@ -19,7 +19,7 @@ tokens, shuffled requests of `--request-docs` passages of one query) and embeddi
 (`--embed-texts` of the same passages, `--request-docs` per request). Every request is sent once by `--clients`
 closed-loop clients (`bench/load_driver.py`).
 
-    python bench/serve_bench.py [--clients 8] [--queries 12] [--docs 32] [--out bench/results]
+    python bench/serve_bench.py [--clients 8] [--queries 12] [--docs 32] [--streams rerank embed] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -48,10 +48,13 @@ from workloads import (
 )
 
 from deployments.app import build
+from deployments.batcher import BATCH_STAGES
 from radix_core.engine import Engine
 from radix_core.tasks import TASKS
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
+
+CACHES = {"default": "auto", "off": 0}  # engine.prefix_cache_bytes of each configuration
 
 
 def streams(args, rng: np.random.Generator) -> dict[str, list[tuple[str, dict]]]:
@@ -69,21 +72,91 @@ def items(request: dict) -> int:
     return len(request.get("documents") or request.get("texts"))
 
 
-def in_process(model_dir: str, requests: list[tuple[str, dict]], clients: int) -> dict:
-    """The engine alone: `clients` consecutive requests per batch; every request's latency is its batch's."""
-    engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto")
+def compare(model_dir: str, cache: str, requests: list[tuple[str, dict]], clients: int, config: dict, port: int,
+            repeats: int) -> dict[str, dict]:
+    """In-process and served with the prefix cache `cache`, round by round (each round sends every request once),
+    alternating which goes first, after one warm-up round each, so the machine's drift touches both alike. Each
+    gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of each round's
+    pair."""
+    engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto", prefix_cache_bytes=CACHES[cache])
     jobs = [(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
-    engine.run_jobs([job for _, job in jobs[:clients]])  # warm-up
+    app = config["applications"][0]
+    args = {**app["args"], "model": model_dir, "engine": {"prefix_cache_bytes": CACHES[cache]},
+            "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
+    handle = serve.run(build(args), name="radixserve", route_prefix="/")
+    with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
+        runners = {"in-process": lambda: in_process(engine, jobs, clients),
+                   "served": lambda: served(client, handle, requests, clients)}
+        rounds: dict[str, list[dict]] = {name: [] for name in runners}
+        for r in tqdm(range(repeats + 1), desc=f"cache {cache}", unit="round"):
+            for name in (list(runners) if r % 2 else list(runners)[::-1]):
+                rounds[name].append(runners[name]())
+    serve.delete("radixserve")
+    ratios = [i["seconds"] / s["seconds"] for i, s in zip(rounds["in-process"][1:], rounds["served"][1:])]
+    best = {name: median_round(requests, runs[1:]) for name, runs in rounds.items()}
+    best["served"]["ratios"] = ratios
+    return {f"{name}, cache {cache}": result for name, result in best.items()}
+
+
+def in_process(engine: Engine, jobs: list, clients: int) -> dict:
+    """The engine alone: `clients` consecutive requests per batch; every request's latency is its batch's."""
     latencies, tokens, computed = [], 0, 0
     start = time.perf_counter()
-    for i in tqdm(range(0, len(jobs), clients), desc="in-process", unit="batch"):
+    for i in range(0, len(jobs), clients):
         began = time.perf_counter()
         chunk = jobs[i:i + clients]
         results = [task.merge(job, [p]) for (task, job), p in zip(chunk, engine.run_jobs([j for _, j in chunk]))]
         latencies += [time.perf_counter() - began] * len(chunk)
         tokens += sum(r.usage.input_tokens for r in results)
         computed += sum(r.usage.computed_tokens for r in results)
-    return summary(requests, time.perf_counter() - start, latencies, tokens, computed / tokens)
+    return {"seconds": time.perf_counter() - start, "latencies": latencies, "tokens": tokens,
+            "compression": computed / tokens}
+
+
+def served(client: ScoringClient, handle, requests: list[tuple[str, dict]], clients: int) -> dict:
+    """Every request through the gRPC proxy by `clients` closed-loop clients, with the server's stage trace of
+    the round (`trace`)."""
+    def call(task: str, request: dict) -> int:
+        return getattr(client, task)(**request).usage.input_tokens
+
+    before, built = handle.info.remote().result(), builder_totals()
+    seconds, latencies, tokens = drive(call, requests, clients, "served")
+    after, built_after = handle.info.remote().result(), builder_totals()
+    compression = (built_after["compact_tokens"] - built["compact_tokens"]) / (built_after["tokens"] - built["tokens"])
+    return {"seconds": seconds, "latencies": latencies, "tokens": tokens, "compression": compression,
+            "trace": trace(before, after, latencies)}
+
+
+def trace(before: dict, after: dict, latencies: list[float]) -> dict[str, float]:
+    """Milliseconds per request of each stage between two `Ingress.info` reads: the ingress's encode, engine call
+    and merge, the replica's share of the engine call, the hops (engine call less the replica's share: Ray's
+    handle call, pickling, the replica's event loop), the client's latency less the ingress's stages (the gRPC
+    proxy and client); and per batch: items and the batcher's stages."""
+    def grown(stages: str, stage: str) -> tuple[int, float]:
+        now, then = after[stages][stage], before[stages][stage]
+        return now["count"] - then["count"], now["seconds"] - then["seconds"]
+
+    per_request = {stage: 1000 * s / max(n, 1) for stage, (n, s) in
+                   ((stage, grown("request_stages", stage)) for stage in ("encode", "engine", "merge"))}
+    calls, replica_s = grown("engine_request_stages", "replica")
+    per_request["replica"] = 1000 * replica_s / max(calls, 1)
+    per_request["hops"] = per_request["engine"] - per_request["replica"]
+    per_request["proxy"] = 1000 * float(np.mean(latencies)) - sum(per_request[s] for s in ("encode", "engine",
+                                                                                            "merge"))
+    batcher, then = after["batcher"], before["batcher"]
+    batches = max(batcher["num_batches"] - then["num_batches"], 1)
+    per_batch = {"batches": batcher["num_batches"] - then["num_batches"],
+                 "items": (batcher["num_items"] - then["num_items"]) / batches,
+                 **{stage: 1000 * (batcher[f"total_{stage}_s"] - then[f"total_{stage}_s"]) / batches
+                    for stage in BATCH_STAGES}}
+    return {**{f"{k} ms": v for k, v in per_request.items()}, **{f"batch {k}": v for k, v in per_batch.items()}}
+
+
+def median_round(requests: list[tuple[str, dict]], runs: list[dict]) -> dict:
+    """The summary of the round of median seconds."""
+    run = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    return {**summary(requests, run["seconds"], run["latencies"], run["tokens"], run["compression"]),
+            **({"trace": run["trace"]} if "trace" in run else {})}
 
 
 def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> tuple[float, list[float], int]:
@@ -99,26 +172,6 @@ def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> t
         raise RuntimeError(f"{label}: {len(failed)} of {len(requests)} requests failed, the first with "
                            f"{failed[0].error}")
     return seconds, [o.latency_s for o in outcomes], sum(o.tokens for o in outcomes)
-
-
-def served(model_dir: str, radix: str, requests: list[tuple[str, dict]], clients: int, config: dict,
-           port: int) -> dict:
-    """The application of `config` (serve_config.yaml) through the gRPC proxy on `port`."""
-    app = config["applications"][0]
-    args = {**app["args"], "model": model_dir, "engine": {"radix": radix},
-            "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
-    serve.run(build(args), name="radixserve", route_prefix="/")
-    with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
-        def call(task: str, request: dict) -> int:
-            return getattr(client, task)(**request).usage.input_tokens
-
-        drive(call, requests[:clients], clients, f"warm-up {radix}")
-        before = builder_totals()
-        seconds, latencies, tokens = drive(call, requests, clients, f"served {radix}")
-        after = builder_totals()
-    serve.delete("radixserve")
-    compression = (after["compact_tokens"] - before["compact_tokens"]) / (after["tokens"] - before["tokens"])
-    return summary(requests, seconds, latencies, tokens, compression)
 
 
 def builder_totals() -> dict[str, int]:
@@ -157,36 +210,57 @@ def main() -> None:
     parser.add_argument("--embed-texts", type=int, default=96)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds of each, after a warm-up round")
+    parser.add_argument("--streams", nargs="+", choices=("rerank", "embed"), default=["rerank", "embed"])
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="leave the padded baseline out (a shorter run)")
     args = parser.parse_args()
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
                                     **PRESETS["bench"]))
-    work = streams(args, np.random.default_rng(args.seed))
+    work = {name: requests for name, requests in streams(args, np.random.default_rng(args.seed)).items()
+            if name in args.streams}
     cpus = float(os.cpu_count() or 1)
-    results = {(name, "in-process"): in_process(model_dir, requests, args.clients) for name, requests in work.items()}
+    results, load_before = {}, os.getloadavg()[0]
     config, port = start_serve()
     for name, requests in work.items():
-        for radix in ("auto", "off"):
-            results[name, f"served {radix}"] = served(model_dir, radix, requests, args.clients, config, port)
-        results[name, "padded baseline"] = baseline(model_dir, requests, args.clients, cpus)
+        for cache in CACHES:
+            compared = compare(model_dir, cache, requests, args.clients, config, port, args.repeats)
+            results.update({(name, label): r for label, r in compared.items()})
+        if args.baseline:
+            results[name, "padded baseline"] = baseline(model_dir, requests, args.clients, cpus)
     serve.shutdown()
     ray.shutdown()
-    write_report(results, args, cpus)
+    write_report(results, args, cpus, (load_before, os.getloadavg()[0]))
 
 
-def write_report(results: dict, args, cpus: float) -> None:
-    rows = ["| stream | configuration | docs/s | tokens/s | p50 s | p90 s | p99 s | N'/N | vs in-process "
-            "| vs served off | vs baseline |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+def write_report(results: dict, args, cpus: float, loads: tuple[float, float]) -> None:
+    rows = ["| stream | configuration | docs/s | tokens/s | p50 s | p90 s | p99 s | N'/N | vs in-process, same cache "
+            "| each round's served / in-process | vs baseline |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (stream, label), r in results.items():
-        ratio = {ref: r["docs/s"] / results[stream, ref]["docs/s"]
-                 for ref in ("in-process", "served off", "padded baseline")}
+        cache = label.rpartition("cache ")[2] or "default"
+        ratio = {ref: ratio_to(r, results.get((stream, ref)))
+                 for ref in (f"in-process, cache {cache}", "padded baseline")}
+        rounds = ", ".join(f"{x:.2f}" for x in r.get("ratios", [])) or "-"
         rows.append(f"| {stream} | {label} | {r['docs/s']:.1f} | {r['tokens/s']:.0f} | {r['p50 s']:.2f} | "
-                    f"{r['p90 s']:.2f} | {r['p99 s']:.2f} | {r['compression']:.3f} | {ratio['in-process']:.2f} | "
-                    f"{ratio['served off']:.2f} | {ratio['padded baseline']:.2f} |")
+                    f"{r['p90 s']:.2f} | {r['p99 s']:.2f} | {r['compression']:.3f} | "
+                    f"{ratio[f'in-process, cache {cache}']} | {rounds} | {ratio['padded baseline']} |")
+    traced = [(key, r["trace"]) for key, r in results.items() if "trace" in r]
+    columns = list(traced[0][1]) if traced else []
+    trace_rows = ["| stream | configuration | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    trace_rows += [f"| {stream} | {label} | " + " | ".join(f"{t[c]:.1f}" for c in columns) + " |"
+                   for (stream, label), t in traced]
     command = (f"python bench/serve_bench.py --clients {args.clients} --queries {args.queries} --docs {args.docs} "
-               f"--request-docs {args.request_docs} --embed-texts {args.embed_texts}")
-    text = (f"# The served path\n\nCommand: `{command}` ({cpus:.0f} CPUs, `bench` preset Qwen3, float32; see the "
-            "script's docstring for each configuration). Latency is per request as its client saw it; N'/N is the "
-            "compression of the batches the engine ran.\n\n" + "\n".join(rows) + "\n")
+               f"--request-docs {args.request_docs} --embed-texts {args.embed_texts} --repeats {args.repeats} "
+               f"--streams {' '.join(args.streams)}" + ("" if args.baseline else " --no-baseline"))
+    text = (f"# The served path\n\nCommand: `{command}` ({cpus:.0f} CPUs, 1-minute load average {loads[0]:.1f} "
+            f"before and {loads[1]:.1f} after, `bench` preset Qwen3, float32; see the "
+            "script's docstring for each configuration). In-process and served alternate round by round; each row "
+            "is its round of median time. Latency is per request as its client saw it; N'/N is the compression of "
+            "the batches the engine ran.\n\n" + "\n".join(rows) + "\n\nThe served rounds' stage trace (that "
+            "round's, from `Ingress.info`: per request, ms: the ingress's encode, engine call and merge, the "
+            "replica's time from the call's arrival to its answer, hops = engine call less replica, proxy = the "
+            "client's latency less the ingress's stages; per batch: items, and ms of queue (the oldest item's), "
+            "build, wait for the device, forward):\n\n" + "\n".join(trace_rows) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve_bench.md").write_text(text)
     (args.out / "serve_bench.json").write_text(json.dumps({f"{s} | {c}": {k: v for k, v in r.items()
@@ -194,6 +268,10 @@ def write_report(results: dict, args, cpus: float) -> None:
                                                          for (s, c), r in results.items()}, indent=1))
     plot(results, args.out / "serve_bench.png")
     print(text)
+
+
+def ratio_to(result: dict, reference: dict | None) -> str:
+    return f"{result['docs/s'] / reference['docs/s']:.2f}" if reference is not None else "-"
 
 
 def plot(results: dict, path: Path) -> None:
@@ -209,12 +287,12 @@ def plot(results: dict, path: Path) -> None:
     for i, label in enumerate(labels):
         bars.bar(np.arange(len(streams_)) + i * width, [results[s, label]["docs/s"] for s in streams_], width,
                  label=label)
-        lat = results["rerank", label]["latencies"]
+        lat = results[streams_[0], label]["latencies"]
         cdf.plot(lat, np.arange(1, len(lat) + 1) / len(lat), label=label)
     bars.set_xticks(np.arange(len(streams_)) + width * (len(labels) - 1) / 2, streams_)
     bars.set_ylabel("documents / s")
     bars.legend(fontsize=8)
-    cdf.set_xlabel("rerank request latency (s)")
+    cdf.set_xlabel(f"{streams_[0]} request latency (s)")
     cdf.set_ylabel("fraction of requests")
     cdf.legend(fontsize=8)
     fig.suptitle(plot_title("the served path against the engine in-process and a padded baseline", tiny_model("bench")),

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 from deployments.batching_config import DEFAULT_PRIORITY_AGING_S
 
 logger = logging.getLogger("ray.serve")
+BATCH_STAGES = ("queue", "build", "wait", "forward")  # BatchStats fields `<stage>_s`
 
 
 class QueueFullError(RuntimeError):
@@ -98,6 +99,7 @@ class BatcherStats:
     num_batches: int = 0
     num_items: int = 0
     num_failed_batches: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BATCH_STAGES, 0.0))  # all batches'
     recent: deque[BatchStats] = field(init=False)
 
     def __post_init__(self):
@@ -107,6 +109,8 @@ class BatcherStats:
         self.num_batches += 1
         self.num_items += batch.num_items
         self.num_failed_batches += not batch.ok
+        for stage in BATCH_STAGES:
+            self.seconds[stage] += getattr(batch, f"{stage}_s")
         self.recent.append(batch)
 
     def work_per_second(self) -> float | None:
@@ -116,12 +120,13 @@ class BatcherStats:
         return sum(b.work_tokens for b in self.recent if b.ok) / seconds if seconds > 0 else None
 
     def summary(self) -> dict[str, float]:
-        """Means over the recent batches (zeros before the first batch)."""
+        """Means over the recent batches (zeros before the first batch), and each stage's seconds over all."""
         n = max(len(self.recent), 1)
         mean = {name: sum(getattr(b, name) for b in self.recent) / n
-                for name in ("num_items", "num_tokens", "queue_s", "build_s", "wait_s", "forward_s")}
+                for name in ("num_items", "num_tokens", *(f"{stage}_s" for stage in BATCH_STAGES))}
         return {"num_batches": self.num_batches, "num_items": self.num_items,
-                "num_failed_batches": self.num_failed_batches, **{f"mean_{k}": v for k, v in mean.items()}}
+                "num_failed_batches": self.num_failed_batches, **{f"mean_{k}": v for k, v in mean.items()},
+                **{f"total_{stage}_s": s for stage, s in self.seconds.items()}}
 
 
 @dataclass(eq=False)

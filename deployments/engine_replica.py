@@ -94,11 +94,12 @@ class EngineReplica:
         parts = request.parts
         cached = self._cached_prefixes(parts, request.cache_scope)
         try:
-            return await self.batcher.submit([(part, request.cache_scope) for part in parts],
-                                             [max(1, part.num_tokens - len(part.sequences) * c)
-                                              for part, c in zip(parts, cached)],
-                                             [max(1, part.work_tokens - c) for part, c in zip(parts, cached)],
-                                             request.prefix_key, request_ids.current(), int(request.priority))
+            with self.metrics.requests.stage("replica"):
+                return await self.batcher.submit([(part, request.cache_scope) for part in parts],
+                                                 [max(1, part.num_tokens - len(part.sequences) * c)
+                                                  for part, c in zip(parts, cached)],
+                                                 [max(1, part.work_tokens - c) for part, c in zip(parts, cached)],
+                                                 request.prefix_key, request_ids.current(), int(request.priority))
         except QueueFullError as refusal:
             return refusal
 
@@ -115,6 +116,7 @@ class EngineReplica:
                 "max_batch_tokens": self.batching.max_batch_tokens, "torch_threads": torch.get_num_threads(),
                 "computed_tokens": self.computed_tokens, "cached_tokens": self.cached_tokens,
                 "prefix_cache": self._cache_stats(), "batcher": self.batcher.stats.summary(),
+                "engine_request_stages": self.metrics.requests.totals,
                 "cpu_s": time.process_time()}  # CPU seconds this replica's process used, all its threads
 
     async def check_health(self) -> None:

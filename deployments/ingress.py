@@ -47,7 +47,7 @@ class Ingress:
         self.context = load_task_context(args.model, args.tasks)
         self.card = model_card(args.model, args.served_model_name, args.primary_task, self.context)
         self.metrics = IngressMetrics()
-        self.path = RequestPath(engine, self.context, args.limits.max_request_tokens)
+        self.path = RequestPath(engine, self.context, args.limits.max_request_tokens, self.metrics.stages)
 
     async def answer(self, request: TaskRequest, priority: Priority = Priority.INTERACTIVE) -> Any:
         """The request's result, by the one request path (what every transport calls)."""
@@ -65,6 +65,7 @@ class Ingress:
         return {**engine, "version": __version__, "tasks": list(TASKS), "max_items": self.args.tasks.max_items,
                 "max_tokens_per_item": self.context.token_limit, "max_request_tokens": limits.max_request_tokens,
                 "max_request_bytes": limits.max_request_bytes, "submitted_parts": self.path.submitted_parts,
+                "request_stages": self.metrics.stages.totals,
                 **self.card.info(), "model": self.card.served_model_name}
 
     def __serve_build_asgi_app__(self):

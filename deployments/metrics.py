@@ -13,6 +13,9 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
       radixserve_request_computed_tokens_total{task, api}    tokens computed for them: 1 - computed/input is the
                                                              share deduplication saved
       radixserve_request_cached_tokens_total{task, api}      tokens of them read from the prefix cache
+      radixserve_request_stage_seconds{stage}                histogram per task call on the request path: encode
+                                                             (thread hand-off, check, template, tokens, split),
+                                                             engine (the engine call, Ray's hops included), merge
     router, in the ingress replica (RouterMetrics)
       radixserve_router_keys{engine_replica}                 distinct prefix keys among the last KEY_WINDOW
                                                              keyed requests, by the replica they went to
@@ -24,6 +27,9 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
       radixserve_batch_tokens, _items, _prefix_keys          histograms of each batch's size
       radixserve_batch_stage_seconds{stage}                  histogram: queue, build (index), wait (for the
                                                              device), forward; the batcher's `BatchStats`
+      radixserve_engine_request_stage_seconds{stage}         histogram per engine call: replica (its submit, from
+                                                             arrival to answer): the ingress's engine stage less
+                                                             it is what Ray's hops and pickling cost
       radixserve_queue_items, radixserve_queue_tokens        gauges: what waits in the batch queue now
       radixserve_index_builder_restarts_total{reason}        IndexBuilder actors replaced (health, build)
       radixserve_prefix_cache_hit_tokens_total               tokens read from the replica's prefix cache
@@ -36,7 +42,8 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
 each HTTP dialect (`http_api(dialect.name)`). `code` is a gRPC status name for every api, so one dashboard
 query covers all of them. Ray exports a counter only once it has counted something (it refuses an increment of
 0), so a spill or restart counter appears with its first event. Ray exports a histogram's `_count` and buckets
-exactly but its `_sum` from bucket midpoints, so means are approximate; quantiles come from the buckets.
+exactly but its `_sum` from bucket midpoints, so means are approximate; quantiles come from the buckets. The stage traces also keep exact running totals per
+stage (`StageTrace.totals`), which `info` returns: a benchmark reads them before and after a run.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from dataclasses import dataclass
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
-from deployments.batcher import BatchStats
+from deployments.batcher import BATCH_STAGES, BatchStats
 from radix_core.prefix_cache import PrefixCacheStats
 from radix_core.tasks import Usage
 
@@ -62,7 +69,7 @@ logger = logging.getLogger("ray.serve")
 API_GRPC = "grpc"  # radixserve.v1.Scoring
 API_TEI_GRPC = "tei_grpc"  # tei.v1
 KEY_WINDOW = 4096  # recent distinct prefix keys the router's keys-per-replica gauge counts
-STAGES = ("queue", "build", "wait", "forward")  # BatchStats fields `<stage>_s`
+REQUEST_STAGES = ("encode", "engine", "merge")  # deployments.request_path's steps, as the ingress times them
 
 REQUEST_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 STAGE_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
@@ -109,10 +116,36 @@ class RequestMeter:
     cached_tokens: int = 0
 
 
+class StageTrace:
+    """Seconds of each stage of a request: a `radixserve_<name>_stage_seconds{stage}` histogram, and exact running
+    totals per stage (calls and seconds) for `info`."""
+
+    def __init__(self, name: str, description: str, stages: tuple[str, ...]):
+        self.histogram = Histogram(f"radixserve_{name}_stage_seconds", description, boundaries=STAGE_BUCKETS_S,
+                                   tag_keys=("stage",))
+        self.totals = {stage: {"count": 0, "seconds": 0.0} for stage in stages}
+
+    @contextmanager
+    def stage(self, stage: str) -> Iterator[None]:
+        """Time the block as `stage` (perf_counter), when it ends without raising."""
+        started = time.perf_counter()
+        yield
+        self.observe(stage, time.perf_counter() - started)
+
+    def observe(self, stage: str, seconds: float) -> None:
+        total = self.totals[stage]
+        total["count"] += 1
+        total["seconds"] += seconds
+        self.histogram.observe(seconds, tags={"stage": stage})
+
+
 class IngressMetrics:
-    """The ingress replica's request metrics; `request(...)` meters one client request."""
+    """The ingress replica's request metrics; `request(...)` meters one client request, `stages` times each task
+    call's steps on the request path."""
 
     def __init__(self):
+        self.stages = StageTrace("request", "Seconds of each stage of a task call on the request path: encode, "
+                                 "engine (the engine call, Ray's hops included), merge.", REQUEST_STAGES)
         labels = ("task", "api", "code")
         self.requests = Counter("radixserve_requests", "Client requests by task, api and gRPC status code.",
                                 tag_keys=labels)
@@ -169,6 +202,8 @@ class EngineMetrics:
     """The engine replica's batch and queue metrics; the batcher reports to it as its `BatchObserver`."""
 
     def __init__(self):
+        self.requests = StageTrace("engine_request", "Seconds an engine call spent in the replica, from its arrival "
+                                   "to its answer.", ("replica",))
         self.batches = Counter("radixserve_batches", "Batches run, by the radix mode chosen.", tag_keys=("mode",))
         self.compression = Histogram("radixserve_batch_compression",
                                      "N'/N per batch: rows computed over tokens (1 when the mode is off).",
@@ -228,7 +263,7 @@ class EngineMetrics:
         self.tokens.observe(stats.num_tokens)
         self.items.observe(stats.num_items)
         self.keys.observe(stats.num_keys)
-        for stage in STAGES:
+        for stage in BATCH_STAGES:
             self.stages.observe(getattr(stats, f"{stage}_s"), tags={"stage": stage})
 
 

@@ -36,28 +36,33 @@ from ray.serve.handle import DeploymentHandle
 from deployments.auth import cache_scope
 from deployments.batcher import QueueFullError
 from deployments.engine_request import EngineRequest, Priority
-from deployments.metrics import count_usage
+from deployments.metrics import StageTrace, count_usage
 from radix_core.tasks import Task, TaskContext, TaskJob, TaskRequest, task_for
 
 
 class RequestPath:
     """The path of a request from its typed value to its result, over the engine deployment `engine`."""
 
-    def __init__(self, engine: DeploymentHandle, context: TaskContext, max_request_tokens: int):
+    def __init__(self, engine: DeploymentHandle, context: TaskContext, max_request_tokens: int, trace: StageTrace):
+        """`trace`: where each call's encode, engine and merge seconds go (`IngressMetrics.stages`)."""
         self.engine = engine
         self.context = context
         self.max_request_tokens = max_request_tokens
+        self.trace = trace
         self.submitted_parts = 0  # parts sent to the engine by this replica
 
     async def answer(self, request: TaskRequest, priority: Priority = Priority.INTERACTIVE) -> Any:
-        """The request's result: encode, key, submit, merge (the module docstring's steps)."""
+        """The request's result: encode, key, submit, merge (the module docstring's steps), each stage timed."""
         task = task_for(request)
-        job, parts = await asyncio.to_thread(self._encode, task, request)
+        with self.trace.stage("encode"):
+            job, parts = await asyncio.to_thread(self._encode, task, request)
         self.submitted_parts += len(parts)
-        reply = await self.engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority, cache_scope()))
+        with self.trace.stage("engine"):
+            reply = await self.engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority, cache_scope()))
         if isinstance(reply, QueueFullError):
             raise reply
-        result = await asyncio.to_thread(task.merge, job, reply)
+        with self.trace.stage("merge"):
+            result = await asyncio.to_thread(task.merge, job, reply)
         count_usage(result.usage)  # into the metered request this call answers (IngressMetrics)
         return result
 
