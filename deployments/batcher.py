@@ -14,7 +14,10 @@ the caller goes away (its task is cancelled) or one of its parts fails, every pa
 and a prepared batch holding a part of a finished request is not run: its live parts go back to the queue.
 
 A batch closes when the waiting parts hold `max_batch_tokens` (`num_tokens`: what the device holds; the engine
-replica counts a part's input tokens less those its prefix cache holds) or the oldest has waited `wait_timeout_s`.
+replica counts a part's input tokens less those its prefix cache holds) or the oldest has waited `wait_timeout_s`,
+or at once when requests come one at a time: a request that finds the replica idle (nothing queued, nothing in a
+batch) right after the one before it did has no company to wait for, and the wait would only add `wait_timeout_s`
+to it (10 ms of the ~35 ms a lone 8-document rerank spent between the proxy and its forward, `bench/host_path.py`).
 It is filled by priority class (0 first; a part that has waited `aging_s` counts as class 0, so no class starves),
 then with the oldest part's prefix group, then the other groups in the order their oldest part arrived, first fit
 within the budget; a part larger than the budget runs alone once it is first. A prepared batch of later classes
@@ -138,6 +141,7 @@ class _Request:
     priority: int
     enqueued: float
     request_id: str | None
+    alone: bool = False  # it and the request before it each found the replica idle: its batch need not wait
     done: bool = False
 
 
@@ -175,6 +179,7 @@ class TokenBudgetBatcher:
         self._queued_tokens = 0  # input tokens of the queued parts: closes a batch at the budget
         self._queued_cost = 0  # their work: admission
         self._inflight_cost = 0  # work taken into a batch that has not finished yet
+        self._idle_arrival = False  # the last request found nothing queued and nothing in a batch
         self._seq = itertools.count()
         self._arrived: asyncio.Event | None = None  # created on the serving loop, at the first submit
         self._handoff: asyncio.Queue | None = None  # the (at most one) prepared batch waiting for the device
@@ -200,7 +205,10 @@ class TokenBudgetBatcher:
         self._admit(sum(costs))
         self._start()
         loop = asyncio.get_running_loop()
-        request = _Request(prefix_key if prefix_key is not None else object(), priority, loop.time(), request_id)
+        idle = not self._queue and self._inflight_cost == 0
+        request = _Request(prefix_key if prefix_key is not None else object(), priority, loop.time(), request_id,
+                           alone=idle and self._idle_arrival)
+        self._idle_arrival = idle
         parts = [_Part(item, n, cost, request, next(self._seq), loop.create_future())
                  for item, n, cost in zip(items, num_tokens, costs)]
         self._queue.extend(parts)
@@ -345,13 +353,14 @@ class TokenBudgetBatcher:
             self._arrived.set()
 
     async def _next_batch(self) -> list[_Part]:
-        """Wait until the budget is reached or the oldest waiting part times out, then take a batch."""
+        """Wait until the budget is reached or the oldest waiting part times out (at once when it came alone), then
+        take a batch."""
         loop = asyncio.get_running_loop()
         while True:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            while self._queue and self._queued_tokens < self.max_batch_tokens:
+            while self._queue and self._queued_tokens < self.max_batch_tokens and not self._queue[0].request.alone:
                 remaining = self._queue[0].request.enqueued + self.wait_timeout_s - loop.time()  # arrival order
                 if remaining <= 0:
                     break

@@ -97,6 +97,46 @@ def test_partial_batch_closes_after_the_timeout():
     run(main())
 
 
+def test_requests_that_come_one_at_a_time_do_not_wait_for_company():
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=10, wait_timeout_s=3600.0)
+        assert await one(batcher, "full", 10) == "FULL"  # the budget closes the first: nothing to go by yet
+        # it found the replica idle, and so does this one: their traffic is one request at a time
+        lone = asyncio.create_task(one(batcher, "lone", 1))
+        await until(lambda: len(rec.batches) == 2)  # in event-loop turns, not the hour-long timeout
+        assert await lone == "LONE"
+        next_lone = asyncio.create_task(one(batcher, "next", 1))
+        await until(lambda: len(rec.batches) == 3)
+        assert await next_lone == "NEXT"
+        await batcher.close()
+
+    run(main())
+
+
+def test_a_request_that_finds_company_waits_for_its_batch_to_fill():
+    async def main():
+        rec = Held()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=4, wait_timeout_s=3600.0)
+        rec.release.set()
+        assert await one(batcher, "full", 4) == "FULL"
+        rec.release.clear()
+        first = asyncio.create_task(one(batcher, "a", 4))  # alone: runs at once, held on the device
+        await until(lambda: len(rec.started) == 2)
+        # these arrive while a batch runs: they wait for the budget (or the timeout), not the device's idleness
+        waiting = [asyncio.create_task(one(batcher, f"w{i}", 1)) for i in range(3)]
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert batcher.queued_items == 3
+        rec.release.set()
+        last = asyncio.create_task(one(batcher, "w3", 1))  # the fourth fills the budget
+        assert await asyncio.gather(first, *waiting, last) == ["A", "W0", "W1", "W2", "W3"]
+        assert rec.batches[-1] == ["w0", "w1", "w2", "w3"]
+        await batcher.close()
+
+    run(main())
+
+
 def test_same_prefix_key_items_share_a_batch():
     async def main():
         rec = Recorder()
