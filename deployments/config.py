@@ -244,6 +244,9 @@ class IngressDeployment(DeploymentSettings):
                                 "beyond it the proxy queues them.")
 
 
+NICENESS_ENV = "RAY_worker_niceness"  # Ray's nice level for a worker, which the worker reads from its environment
+
+
 class PlacementSettings(StrictSettings):
     """Where and how many: the engine's accelerator, each deployment's replicas and reservations
     (`deployments.placement` turns them into Ray Serve options)."""
@@ -252,6 +255,12 @@ class PlacementSettings(StrictSettings):
         "auto", description="gpu: one GPU per engine replica; auto: gpu when the Ray cluster has GPUs, else cpu.")
     engine: EngineDeployment = Field(default_factory=EngineDeployment, description="The engine replicas.")
     ingress: IngressDeployment = Field(default_factory=IngressDeployment, description="The ingress replicas.")
+    niceness: int = Field(
+        0, ge=0, le=19, description="The nice level of the ingress and engine replicas and their IndexBuilder actors "
+                                    "(Ray's worker_niceness; Ray starts its workers at 15 so that its daemons win "
+                                    "the CPU). 0: the priority of the node's other processes; at 15 a CPU engine "
+                                    "gets about 1/28 of a core against each busy process at 0 (CFS weights 36 and "
+                                    "1024).")
 
 
 class AppArgs(StrictSettings):

@@ -12,6 +12,8 @@ deploy, and on SIGTERM tears everything down with requests in flight. This launc
    so Ray's own log and the replicas of a cluster (which the variable does not reach) name the model served;
 4. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `limits.max_request_bytes` (unless set): Ray reads it when its proxy
    imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
+   sets `RAY_worker_niceness` from `placement.niceness` (unless set), so the Ray it starts runs Serve's proxies at
+   the replicas' priority, not Ray's 15 (the replicas get theirs from their runtime_env on any cluster);
 5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command,
    leaving out of its output the lines Ray prints for a normal state that read as failures (`RAY_NOISE`);
 6. follows the applications: DEPLOY_FAILED shuts down, prints Ray's deploy error and, last, its one-line cause,
@@ -67,6 +69,7 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
         check_model(app["args"].model)
         print(f"radixserve: application {app['name']!r} serves model {app['args'].model!r}", flush=True)
     set_grpc_message_limit(config)
+    set_worker_niceness(config)
     stop = StopSignals()
     stop.install()
     with tempfile.TemporaryDirectory(prefix="radixserve-") as directory:
@@ -263,6 +266,15 @@ def set_grpc_message_limit(config: dict[str, Any]) -> None:
     limits = [app["args"].limits.max_request_bytes for app in radixserve_apps(config)]
     if limits and GRPC_MESSAGE_SIZE_ENV not in os.environ:
         os.environ[GRPC_MESSAGE_SIZE_ENV] = str(grpc_message_limit(max(limits)))
+
+
+def set_worker_niceness(config: dict[str, Any]) -> None:
+    """`RAY_worker_niceness` = the lowest `placement.niceness` of the radixserve applications, unless already set."""
+    from deployments.config import NICENESS_ENV
+
+    levels = [app["args"].placement.niceness for app in radixserve_apps(config)]
+    if levels and NICENESS_ENV not in os.environ:
+        os.environ[NICENESS_ENV] = str(min(levels))
 
 
 def grpc_message_limit(max_request_bytes: int) -> int:

@@ -17,7 +17,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from deployments.config import Accelerator, AppArgs, DeploymentSettings, PlacementSettings, RouterSettings
+from deployments.config import (NICENESS_ENV, Accelerator, AppArgs, DeploymentSettings, PlacementSettings,
+                                RouterSettings)
 from radix_core.engine_config import EngineConfig
 
 ROUTER_CLASS = "deployments.router:PrefixAffinityRouter"
@@ -144,7 +145,8 @@ def engine_options(args: AppArgs, cluster: ClusterShape) -> dict[str, Any]:
         "max_queued_requests": -1 if engine.max_queued_requests is None else engine.max_queued_requests,
         "request_router_config": request_router_config(args.router, args.engine.prefix_cache_bytes != 0),
         "health_check_timeout_s": engine.health_check_timeout_s,
-        "ray_actor_options": {"num_cpus": engine_cpus(placement, cluster), "num_gpus": 1 if gpu else 0},
+        "ray_actor_options": {"num_cpus": engine_cpus(placement, cluster), "num_gpus": 1 if gpu else 0,
+                              "runtime_env": worker_env(placement)},
     }
 
 
@@ -152,4 +154,12 @@ def ingress_options(args: AppArgs, cluster: ClusterShape) -> dict[str, Any]:
     """`Deployment.options()` for the ingress (CPU only)."""
     ingress = args.placement.ingress
     return {**replica_options(ingress), "max_ongoing_requests": ingress.max_ongoing_requests,
-            "ray_actor_options": {"num_cpus": ingress_cpus(args.placement, cluster)}}
+            "ray_actor_options": {"num_cpus": ingress_cpus(args.placement, cluster),
+                                  "runtime_env": worker_env(args.placement)}}
+
+
+def worker_env(placement: PlacementSettings) -> dict[str, Any]:
+    """The replicas' runtime_env: their nice level (`placement.niceness`) as Ray's `worker_niceness`, which a worker
+    reads when it starts (actors the replica creates, its IndexBuilder, inherit it). Ray's default, 15, starved a
+    CPU engine replica against the node's other processes at 0 (a load generator, another service)."""
+    return {"env_vars": {NICENESS_ENV: str(placement.niceness)}}

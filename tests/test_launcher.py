@@ -24,7 +24,7 @@ import yaml
 from serving import ROOT, START_TIMEOUT_S, Launched, free_port, wait_until_serving, write_config
 
 from deployments import launcher
-from deployments.config import MODEL_ENV, AppArgs
+from deployments.config import MODEL_ENV, NICENESS_ENV, AppArgs
 from deployments.launcher import ENVELOPE_BYTES, GRPC_MESSAGE_SIZE_ENV, LaunchError
 
 MAX_REQUEST_BYTES = 200_000
@@ -91,6 +91,17 @@ def test_grpc_message_limit_is_max_request_bytes_plus_envelope(tmp_path, monkeyp
     launcher.set_grpc_message_limit(config)
     assert os.environ[GRPC_MESSAGE_SIZE_ENV] == "4096", "an operator's own setting is kept"
     assert launcher.grpc_message_limit(2**31) == 2**31 - 1, "gRPC's limit is a signed 32-bit int"
+
+
+def test_worker_niceness_is_the_placements_unless_set(tmp_path, monkeypatch):
+    monkeypatch.setenv(NICENESS_ENV, "")  # restored at teardown; the value set_worker_niceness writes does not leak
+    monkeypatch.delenv(NICENESS_ENV)
+    config = launcher.load_config(str(write_config(tmp_path / "c.yaml", 1, 2, placement={"niceness": 5})))
+    launcher.set_worker_niceness(config)
+    assert os.environ[NICENESS_ENV] == "5"
+    monkeypatch.setenv(NICENESS_ENV, "10")
+    launcher.set_worker_niceness(config)
+    assert os.environ[NICENESS_ENV] == "10", "an operator's own setting is kept"
 
 
 def test_print_config_shows_every_setting_and_reads_back(tmp_path, monkeypatch):

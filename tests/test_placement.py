@@ -107,12 +107,13 @@ def test_engine_and_ingress_options():
                                "ingress": {"num_replicas": 3, "cpus": 0.25}})
     engine = engine_options(args, ClusterShape(0, 2))
     assert engine["num_replicas"] == 2 and engine["max_queued_requests"] == -1
-    assert engine["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0}
+    niceness = {"env_vars": {"RAY_worker_niceness": "0"}}  # Ray's 15 starved a CPU replica against the node's others
+    assert engine["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0, "runtime_env": niceness}
     assert engine["max_ongoing_requests"] == args.placement.engine.max_ongoing_requests
     assert engine["health_check_timeout_s"] == args.placement.engine.health_check_timeout_s
     assert ingress_options(args, ClusterShape(0, 2)) == {
         "num_replicas": 3, "max_ongoing_requests": args.placement.ingress.max_ongoing_requests,
-        "ray_actor_options": {"num_cpus": 0.25}}
+        "ray_actor_options": {"num_cpus": 0.25, "runtime_env": niceness}}
 
 
 @pytest.mark.parametrize("placement, gpus, node_cpus, engine_cpus, ingress_cpus", [
