@@ -123,6 +123,7 @@ class AttentionBackend:
     ((C, Hkv, D) each) that `meta.past` reads."""
 
     name = "abstract"
+    absorbs_short_prefixes = False  # `attend` reads short prefix blocks' keys in causal blocks, merging none
 
     def __call__(self, q, k, v, meta: AttentionMetadata, scale: float,
                  past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -157,6 +158,7 @@ class TorchAttention(AttentionBackend):
     returns the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
 
     name = "torch"
+    absorbs_short_prefixes = True
 
     def attend(self, q, k, v, meta, scale):
         plan = meta.padded

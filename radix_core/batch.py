@@ -78,7 +78,7 @@ def auto_mode(index: RadixIndex, limits: BatchLimits) -> tuple[str, CascadePlan 
     if index.compression > limits.radix_threshold:
         return "off", None
     cascade = cascade_plan(index)
-    return limits.costs.choose(mode_works(index, cascade)), cascade
+    return limits.costs.choose(mode_works(index, cascade, absorbs=limits.costs.absorbs)), cascade
 
 
 def check_tokens(input_ids: np.ndarray, cu_seqlens: np.ndarray, limits: BatchLimits) -> None:

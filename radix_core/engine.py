@@ -93,7 +93,8 @@ class Engine:
         self.model = model
         self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one
         self.task_config = task_config or TaskConfig()
-        self.mode_costs = static_costs(arch, device, dtype)  # how radix "auto" chooses; warm_up measures them
+        # how radix "auto" chooses; warm_up measures them
+        self.mode_costs = static_costs(arch, device, dtype, self.backend.absorbs_short_prefixes)
         shape = RowShape.of(arch, dtype, device)
         budget = cache_budget(config.prefix_cache_bytes, shape)
         self.prefix_cache = PrefixCache(shape, budget) if budget else None  # K/V of prefixes across batches

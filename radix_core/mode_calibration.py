@@ -51,7 +51,8 @@ TARGET_S = 0.03  # the larger run of a probe at its measured size
 MAX_ROWS = 16384  # the largest probe (the serving default `max_batch_tokens`)
 REPEATS, MAX_REPEATS = 3, 15  # timed rounds of a probe's two runs: at least, and at most while still lowering
 SETTLED = 0.98  # a round that lowers a least time by less than 2% leaves it settled
-SEQUENCE, PREFIX, SUFFIX = 64, 8, 16  # tokens: probe sequences, the merge probe's shared prefix and its suffixes
+# tokens: probe sequences, the merge probe's shared prefix (longer than the torch backend absorbs) and its suffixes
+SEQUENCE, PREFIX, SUFFIX = 64, 32, 16
 
 Run = tuple[Callable[[], object], ModeWork]  # a timed call and the work it does
 Probe = Callable[[int], tuple[Run, Run]]  # size -> (baseline run, run with more of the probed work)
@@ -142,7 +143,7 @@ class Calibration:
         """Attention over a batch without sharing, `size` rows, in `off` and in `mlp` (N' = N)."""
         sequences = self.sequences(size // SUFFIX, SUFFIX)
         mlp = prepare_batch(sequences, "mlp", self.limits)
-        works = mode_works(mlp.index, cascade_plan(mlp.index))
+        works = mode_works(mlp.index, cascade_plan(mlp.index), absorbs=self.backend.absorbs_short_prefixes)
         return ((self.attention(self.ragged(sequences)), works["off"]),
                 (self.attention(plan_compact(mlp, self.device)), works["mlp"]))
 
@@ -153,7 +154,7 @@ class Calibration:
         full = prepare_batch(self.sequences(size // SUFFIX, SUFFIX, prefix), "full", self.limits)
         segments = full.cascade.segments.astype(np.int64)  # (S+1,)
         alone = plan_ragged(full.index.compact_input_ids.astype(np.int64), segments, self.device)
-        work = mode_works(full.index, full.cascade)["full"]
+        work = mode_works(full.index, full.cascade, absorbs=self.backend.absorbs_short_prefixes)["full"]
         return ((self.attention(alone), ModeWork(work.rows, causal_pairs(segments))),
                 (self.attention(plan_compact(full, self.device)), work))
 
@@ -182,9 +183,10 @@ class Calibration:
         return lambda: self.backend(q, k, v, plan.attention, attn.scaling)
 
 
-def static_costs(arch: Architecture, device: torch.device, dtype: torch.dtype) -> ModeCosts:
-    """The model's static FLOP-count costs (`mode_cost.flop_costs`): an engine's until it calibrates."""
-    return flop_costs(ModelShape.of(arch.config), device.type, torch.finfo(dtype).bits // 8)
+def static_costs(arch: Architecture, device: torch.device, dtype: torch.dtype, absorbs: bool = False) -> ModeCosts:
+    """The model's static FLOP-count costs (`mode_cost.flop_costs`): an engine's until it calibrates; `absorbs` as
+    its attention backend does."""
+    return flop_costs(ModelShape.of(arch.config), device.type, torch.finfo(dtype).bits // 8, absorbs)
 
 
 @torch.inference_mode()
@@ -193,7 +195,7 @@ def calibrate(arch: Architecture, backend: AttentionBackend, limits: BatchLimits
     """`ModeCosts` measured on `device` through `backend` (module docstring), within `budget_s` seconds (and at
     most one run past them)."""
     started = time.perf_counter()
-    static = static_costs(arch, device, dtype)
+    static = static_costs(arch, device, dtype, backend.absorbs_short_prefixes)
     probes = Calibration(arch, backend, limits, device, dtype, started + budget_s)
     layers = len(arch.layers)
     measured: dict[str, float] = {}
@@ -221,4 +223,4 @@ def combined(measured: Mapping[str, float], static: ModeCosts, device: torch.dev
     derived = [name for name in WORK if measured.get(name, 0.0) <= 0]
     values = {name: getattr(static, name) * scale if name in derived else measured[name] for name in WORK}
     note = f"; {', '.join(derived)} at the static ratio to rows" if derived else ""
-    return ModeCosts(**values, source=f"calibrated on {device.type} in {seconds:.2f} s{note}")
+    return ModeCosts(**values, source=f"calibrated on {device.type} in {seconds:.2f} s{note}", absorbs=static.absorbs)

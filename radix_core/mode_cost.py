@@ -8,7 +8,7 @@ mode (`ModeWork`, `mode_works`):
 | `rows`: position-wise rows (embedding, norms, projections, MLP) | N | N' | N' |
 | `pairs`: (query, key) pairs attention scores | sum of L(L+1)/2 | the same | sum of position + 1 over rows |
 | `scattered`: rows q/k/v are scattered to, and the output gathered from | 0 | N + N' | 0 |
-| `merged`: prefix-block query rows, gathered and merged by log-sum-exp | 0 | 0 | P (rows x ancestor segments) |
+| `merged`: prefix-block query rows, gathered and merged by log-sum-exp | 0 | 0 | P (rows x ancestor segments), without the short blocks the torch backend absorbs |
 
 `mlp` and `full` compute the same rows; they differ in attention only: `mlp` pays every sequence's whole causal
 attention plus the scatter and gather around it, `full` scores each compact row against its path once but merges
@@ -39,6 +39,7 @@ import numpy as np
 from radix_core.cascade import CascadePlan
 from radix_core.engine_config import MODES
 from radix_core.index import RadixIndex
+from radix_core.padded_blocks import merged_rows
 
 FLOPS_PER_BYTE = {"cpu": 10.0}  # matmul FLOPs a device does in the time it moves one byte; others: the next
 ACCELERATOR_FLOPS_PER_BYTE = 200.0  # an H100: ~700 TFLOP/s of bf16 matmul against ~3.3 TB/s of memory
@@ -102,6 +103,7 @@ class ModeCosts:
     scattered: float
     merged: float
     source: str
+    absorbs: bool = False  # the backend absorbs short prefix blocks into causal ones (torch): they merge nothing
 
     def predict(self, work: ModeWork) -> float:
         return sum(getattr(self, name) * getattr(work, name) for name in WORK)
@@ -111,7 +113,7 @@ class ModeCosts:
         return min(works, key=lambda mode: (self.predict(works[mode]), MODES.index(mode)))
 
 
-def flop_costs(shape: ModelShape, device_type: str, element_bytes: int) -> ModeCosts:
+def flop_costs(shape: ModelShape, device_type: str, element_bytes: int, absorbs: bool = False) -> ModeCosts:
     """The static model of an engine that has not measured its device: matmul and attention FLOPs, and the bytes
     the scatter and the merge move, counted as the FLOPs the device does in the same time (`FLOPS_PER_BYTE`)."""
     balance = FLOPS_PER_BYTE.get(device_type, ACCELERATOR_FLOPS_PER_BYTE)
@@ -119,7 +121,7 @@ def flop_costs(shape: ModelShape, device_type: str, element_bytes: int) -> ModeC
     merge = MERGE_PASSES * shape.heads * shape.head_dim * 4  # float32
     return ModeCosts(rows=shape.row_flops(), pairs=shape.pair_flops(),
                      scattered=balance * qkv_and_out * shape.layers, merged=balance * merge * shape.layers,
-                     source=f"static FLOP count ({device_type}, {balance:g} FLOP per byte moved)")
+                     source=f"static FLOP count ({device_type}, {balance:g} FLOP per byte moved)", absorbs=absorbs)
 
 
 DEFAULT_COSTS = flop_costs(ModelShape(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
@@ -132,15 +134,20 @@ def causal_pairs(cu_seqlens: np.ndarray) -> int:
     return int((lengths * (lengths + 1) // 2).sum())
 
 
-def mode_works(index: RadixIndex, cascade: CascadePlan, cached_rows: int = 0) -> dict[str, ModeWork]:
+def mode_works(index: RadixIndex, cascade: CascadePlan, cached_rows: int = 0,
+               absorbs: bool = False) -> dict[str, ModeWork]:
     """The work of each mode (module docstring's table) for the batch `index` holds, `cascade` its `full` plan;
     `cached_rows` of its compact rows served from the prefix cache (not computed by mlp or full, their keys
-    still read)."""
+    still read); `absorbs`: the backend merges only the prefix blocks it does not absorb (`ModeCosts.absorbs`)."""
+    merged = int(cascade.prefix_rows.shape[0])
+    if absorbs and merged:
+        merged = merged_rows(cascade.segments, cascade.prefix_rows, cascade.prefix_cu, cascade.prefix_key_start,
+                             cascade.prefix_key_end)
     sequence_pairs = causal_pairs(index.cu_seqlens)
     path_pairs = int(index.compact_position_ids.sum(dtype=np.int64)) + index.num_compact  # row at p sees p + 1
     return {
         "off": ModeWork(index.num_tokens, sequence_pairs),
         "mlp": ModeWork(index.num_compact - cached_rows, sequence_pairs,
                         scattered=index.num_tokens + index.num_compact),
-        "full": ModeWork(index.num_compact - cached_rows, path_pairs, merged=int(cascade.prefix_rows.shape[0])),
+        "full": ModeWork(index.num_compact - cached_rows, path_pairs, merged=merged),
     }

@@ -94,13 +94,7 @@ def padded_cascade(bounds: np.ndarray, prefix: tuple[np.ndarray, ...] | None, de
     if prefix is None:
         return PaddedPlan(_padded(None, starts, lengths, None, starts, lengths, device, scratch=int(bounds[-1])), [])
     q_rows, cu, key_start, key_end = (a.astype(np.int64) for a in prefix)
-    # (block, descendant segment) pairs: a block's queries are its descendants' rows, whole segment after segment
-    segment = np.searchsorted(bounds, q_rows, side="right") - 1  # (P,)
-    first = np.flatnonzero(q_rows == starts[segment])  # (A,) where each descendant segment begins
-    pair_block = np.searchsorted(cu, first, side="right") - 1  # (A,)
-    pair_seg = segment[first]  # (A,)
-    pair_len = (key_end - key_start)[pair_block]  # (A,) the ancestor's keys
-    absorbed = _absorbed(pair_seg, pair_len, key_start[pair_block])  # (A,) bool
+    pair_block, pair_seg, pair_len, absorbed = _pairs(starts, q_rows, cu, key_start, key_end)
     # causal blocks: each segment's absorbed ancestors' rows, then its own
     seg = np.concatenate([pair_seg[absorbed], np.arange(starts.shape[0])])
     order = np.lexsort((np.arange(seg.shape[0]) >= absorbed.sum(), seg))  # by segment, ancestors first
@@ -120,6 +114,26 @@ def padded_cascade(bounds: np.ndarray, prefix: tuple[np.ndarray, ...] | None, de
     kept_cu = np.concatenate([[0], np.cumsum(kept_rows)])
     kept_q = concat_ranges(starts[pair_seg[kept]], lengths[pair_seg[kept]])
     return PaddedPlan(causal, padded_prefix(kept_q, kept_cu, key_start[blocks], key_end[blocks], device))
+
+
+def merged_rows(bounds: np.ndarray, q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray,
+                key_end: np.ndarray) -> int:
+    """Prefix-block query rows the torch backend still merges after `padded_cascade` absorbs the short blocks:
+    the `merged` work of the cost model (`radix_core.mode_cost`)."""
+    starts, lengths = bounds[:-1].astype(np.int64), np.diff(bounds).astype(np.int64)
+    _, pair_seg, _, absorbed = _pairs(starts, *(a.astype(np.int64) for a in (q_rows, cu, key_start, key_end)))
+    return int(lengths[pair_seg[~absorbed]].sum())
+
+
+def _pairs(starts, q_rows, cu, key_start, key_end) -> tuple[np.ndarray, ...]:
+    """(A,) each: the (prefix block, descendant segment) pairs (a block's queries are its descendants' rows, whole
+    segment after segment; segments start at `starts`), the ancestor's key count, and whether it is absorbed."""
+    segment = np.searchsorted(starts, q_rows, side="right") - 1  # (P,)
+    first = np.flatnonzero(q_rows == starts[segment])  # (A,) where each descendant segment begins
+    pair_block = np.searchsorted(cu, first, side="right") - 1  # (A,)
+    pair_seg = segment[first]  # (A,)
+    pair_len = (key_end - key_start)[pair_block]  # (A,) the ancestor's keys
+    return pair_block, pair_seg, pair_len, _absorbed(pair_seg, pair_len, key_start[pair_block])
 
 
 def _absorbed(pair_seg: np.ndarray, pair_len: np.ndarray, ancestor_start: np.ndarray) -> np.ndarray:

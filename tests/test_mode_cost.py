@@ -97,7 +97,7 @@ def test_static_costs_are_flops_and_bytes_of_the_model(tiny_model_dir):
     shape = ModelShape.of(engine.arch.config)
     assert (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.intermediate) == (64, 2, 4, 2, 128)
     costs = engine.mode_costs  # before warm_up
-    assert costs == flop_costs(shape, "cpu", 4) and costs.source.startswith("static FLOP count")
+    assert costs == flop_costs(shape, "cpu", 4, absorbs=True) and costs.source.startswith("static FLOP count")
     assert costs.rows == shape.row_flops() and costs.pairs == shape.pair_flops()
     assert flop_costs(shape, "cuda", 2).merged > flop_costs(shape, "cpu", 4).merged  # moving bytes dearer on GPUs
     assert engine.limits.costs is costs
@@ -181,3 +181,15 @@ def test_auto_gives_exactly_the_outputs_of_the_mode_it_picked(tiny_model_dir, ba
     positions = [[0, len(s) - 1] for s in batch]
     assert all(torch.equal(a, f) for a, f in zip(engine.lm_logits(batch, positions),
                                                  engine.lm_logits(batch, positions, mode=mode)))
+
+
+def test_the_torch_backend_merges_no_short_prefix_block_and_auto_counts_what_it_merges():
+    """`merged` counts the prefix rows the backend merges: all of them for flash and Triton, only those of blocks
+    longer than the torch backend absorbs for it (here the 20-key prefix, not the 2-key branch below it)."""
+    prefix, branch = list(range(1, 21)), [30, 31]
+    sequences = [prefix + branch + [40 + i] * 5 for i in range(4)] + [prefix + [50 + i] * 5 for i in range(4)]
+    prepared = prepare_batch(sequences, "full", limits(MERGE_DEAR))
+    every = mode_works(prepared.index, prepared.cascade)["full"].merged
+    kept = mode_works(prepared.index, prepared.cascade, absorbs=True)["full"].merged
+    assert every == int(prepared.cascade.prefix_rows.shape[0]) == (2 + 4 * 5 + 4 * 5) + 4 * 5
+    assert kept == 2 + 4 * 5 + 4 * 5  # the rows below the prefix, once; the branch's block is absorbed
