@@ -13,7 +13,8 @@ previous sequence's path parts from it (a dict lookup and one C comparison per s
 is re-planned, in numpy over its N tokens and N' compact rows, with no trie to build.
 
 **Which rows are read.** Sequence s reads its first `k_s` tokens from the cache: its cached prefix, cut where a
-compact row it shares with another sequence of the batch is not cached for that one (a sequence of another scope).
+compact row it shares with another sequence of the batch is not cached for that one (a sequence of another scope;
+in a batch of one scope equal histories are cached alike, so no cut is looked for).
 Each compact row is then cached for all of its sequences or computed, the cached ones are a prefix of every
 path, and the computed rows are a forest below them. Positions of the computed rows continue from k_s.
 
@@ -81,7 +82,7 @@ def plan_with_cache(prepared: PreparedBatch, lease: CacheLease, device: torch.de
     cu = prepared.cu_seqlens
     seq = np.repeat(np.arange(prepared.num_sequences), np.diff(cu))  # (N,) sequence of each token
     pos = sequence_positions(cu).astype(np.int64)  # (N,)
-    lengths = cached_lengths(prepared, lease.matched, seq, pos)
+    lengths = lease.matched if lease.one_tree else cached_lengths(prepared, lease.matched, seq, pos)
     past = lease.past(lengths)
     if past is None:
         plan = plan_ragged(prepared.input_ids, cu, device) if prepared.mode == "off" else plan_compact(prepared, device)
@@ -152,18 +153,24 @@ def _plan_compact_past(prepared: PreparedBatch, computed: np.ndarray, seq: np.nd
 
 
 def past_blocks(owner: np.ndarray, past: CachedPrefix, device: torch.device) -> PrefixBlocks | None:
-    """Past blocks for queries whose sequences are `owner` (Q,): query q reads each cached range of its sequence's
-    path; one block per distinct range, for every query that reads it. None when no query reads the cache."""
-    counts = np.diff(past.pair_cu)[owner]  # (Q,) ranges each query reads
-    if not counts.any():
+    """Past blocks for queries whose sequences are `owner` (Q,), sorted (every mode lays rows out sequence by
+    sequence): query q reads each cached range of its sequence's path; one block per distinct range, its queries
+    in order. The ranges are told apart over the (sequence, range) pairs, a few per sequence, not over the
+    queries' (a hundred times as many on a rerank: 2.4 -> 0.27 ms for 1,000 MS MARCO sequences). None when no query
+    reads the cache."""
+    q_cu = np.searchsorted(owner, np.arange(past.pair_cu.shape[0]))  # (B+1,) each sequence's queries
+    pair_counts = np.diff(past.pair_cu)  # (B,) ranges of each sequence
+    readers = np.repeat(np.diff(q_cu), pair_counts)  # (T,) queries reading each (sequence, range) pair
+    if not readers.any():
         return None
-    queries = np.repeat(np.arange(owner.shape[0]), counts)  # (P,)
-    pairs = concat_ranges(past.pair_cu[owner], counts)  # (P,) the range each reads
     width = past.num_rows + 1
-    ranges, block = np.unique(past.pair_start[pairs] * width + past.pair_end[pairs], return_inverse=True)  # (J,), (P,)
-    order = np.argsort(block, kind="stable")  # (P,) queries block after block
-    cu = _cumulative(np.bincount(block, minlength=ranges.shape[0]))  # (J+1,)
-    return prefix_blocks(queries[order], cu, ranges // width, ranges % width, device)
+    ranges, block = np.unique(past.pair_start * width + past.pair_end, return_inverse=True)  # (J,), (T,)
+    order = np.argsort(block, kind="stable")  # (T,) pairs block after block, sequence by sequence in each
+    sequence = np.repeat(np.arange(pair_counts.shape[0]), pair_counts)[order]  # (T,)
+    queries = concat_ranges(q_cu[sequence], readers[order])  # (P,) each block's queries, in order
+    counts = np.bincount(block, weights=readers, minlength=ranges.shape[0]).astype(np.int64)  # (J,)
+    read = counts > 0
+    return prefix_blocks(queries, _cumulative(counts[read]), ranges[read] // width, ranges[read] % width, device)
 
 
 def _token_rows(computed: np.ndarray, computed_rows: np.ndarray, num_rows: int, past: CachedPrefix) -> np.ndarray:

@@ -135,6 +135,11 @@ class CacheLease:
     committed: bool = False
 
     @property
+    def one_tree(self) -> bool:
+        """Every sequence walks one scope's tree: equal histories have equal cached prefixes."""
+        return all(root is self.roots[0] for root in self.roots)
+
+    @property
     def admitted_rows(self) -> int:
         return sum(segment.size for segment in self.pending)
 

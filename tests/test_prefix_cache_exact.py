@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_gpu_start import CountingBackend
 
-from radix_core.cached_rows import RowShape
+from radix_core.cached_forward import past_blocks
+from radix_core.cached_rows import CachedPrefix, RowShape
 from radix_core.engine import Engine
 from radix_core.prefix_cache import PrefixCacheStats
 from radix_core.tasks import TaskConfig
@@ -240,3 +241,17 @@ def test_warm_up_runs_the_prefix_calls_cache_hits_make_in_every_mode(tiny_model_
     assert {variant for variant in backend.variants if variant[0] == "prefix"} == {
         ("prefix", many, long) for many in (False, True) for long in (False, True)}
     assert engine.prefix_cache.stats() == PrefixCacheStats(engine.prefix_cache.budget_bytes)
+
+
+def test_past_blocks_give_each_query_the_cached_ranges_of_its_sequence():
+    """One block per distinct cached range, its queries ascending, and each query in exactly the blocks of its
+    sequence's ranges; a sequence with ranges but no query (all of it cached) makes no block."""
+    past = CachedPrefix([(None, None, 6)], pair_cu=np.array([0, 2, 2, 3, 5, 6]),
+                        pair_start=np.array([0, 4, 0, 0, 4, 5]), pair_end=np.array([4, 6, 3, 4, 5, 6]))
+    owner = np.array([0, 0, 1, 2, 3, 3, 3])  # (Q,) sorted; sequence 4 has ranges but no query
+    blocks = past_blocks(owner, past, torch.device("cpu"))
+    cu, rows = blocks.cu_seqlens_q.tolist(), blocks.q_rows.tolist()
+    reads = {(int(a), int(b)): rows[cu[j]:cu[j + 1]]
+             for j, (a, b) in enumerate(zip(blocks.key_start.tolist(), blocks.key_end.tolist()))}
+    assert reads == {(0, 3): [3], (0, 4): [0, 1, 4, 5, 6], (4, 5): [4, 5, 6], (4, 6): [0, 1]}
+    assert past_blocks(np.array([1, 1]), past, torch.device("cpu")) is None  # sequence 1 reads nothing
