@@ -4,7 +4,8 @@ One run, one machine, the same model (the `bench` preset: Qwen3, hidden 512, 8 l
 CPU) and the same request streams for every configuration:
 
 * `in-process`: `Engine.run_jobs` on the requests in arrival order, `--clients` requests per batch (what a server
-  with that many requests in flight could batch at best), no Ray, the radix mode `auto`;
+  with that many requests in flight could batch at best), no Ray, the radix mode `auto`, warmed up as the replica
+  is (`Engine.warm_up`: without it `auto` chooses by an uncalibrated cost model);
 * `served`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build` with the YAML's
   args, `placement.accelerator: cpu`, one engine replica, CPU reservations and the radix mode at their defaults),
   called through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
@@ -13,6 +14,12 @@ CPU) and the same request streams for every configuration:
   transformers' `AutoModelForCausalLM` on right-padded batches (the reranker's yes/no logits, the LM head at the
   last token only; the last token's final hidden state for embeddings), the same prompts, reserving the same CPUs
   as the engine and ingress together; called through its DeploymentHandle (no proxy, which favours it).
+
+In-process and served run round by round with the same cache setting, alternating which goes first, after a warm-up
+round each (both caches then hold what the warm-up left), so other load on the machine touches both alike; the
+load generator (this process) runs at the replicas' priority (`placement.niceness`, 0). Each served round reads the
+server's stage trace (`Ingress.info`: the ingress's encode, engine call and merge, the replica's share of the engine
+call, the batcher's stages per batch), so a gap between served and in-process shows where it is.
 
 Streams (`bench/workloads.py`): MS MARCO-shaped rerank (`--queries` queries x `--docs` passages of 40-120
 tokens, shuffled requests of `--request-docs` passages of one query) and embedding with an instruction
@@ -79,6 +86,7 @@ def compare(model_dir: str, cache: str, requests: list[tuple[str, dict]], client
     gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of each round's
     pair."""
     engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto", prefix_cache_bytes=CACHES[cache])
+    engine.warm_up()  # as the replica does: radix auto's cost model measured on this machine
     jobs = [(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
     app = config["applications"][0]
     args = {**app["args"], "model": model_dir, "engine": {"prefix_cache_bytes": CACHES[cache]},
