@@ -130,9 +130,15 @@ class LimitSettings(StrictSettings):
         30.0, gt=0, le=3600, description="Seconds the ingress waits for a client's input: an HTTP body must arrive "
                                          "in full (else 408), a tei.v1 client stream must end (else "
                                          "DEADLINE_EXCEEDED), a bidirectional stream's next message must come (else "
-                                         "the stream ends with DEADLINE_EXCEEDED after the earlier answers). Each "
-                                         "such call holds an ingress request slot meanwhile, so slow or idle peers "
-                                         "cannot hold them all. 16 MiB in 30 s needs about 4.5 Mbit/s.")
+                                         "the stream ends with DEADLINE_EXCEEDED after the earlier answers). Such "
+                                         "a call holds a connection meanwhile, not a place in "
+                                         "max_in_flight_requests. 16 MiB in 30 s needs about 4.5 Mbit/s.")
+    max_in_flight_requests: int = Field(
+        1024, ge=1, description="Complete requests one ingress replica answers at once on each transport (HTTP, "
+                                "gRPC: each its own bound, so one cannot exhaust the other), counted once the "
+                                "body or the stream's messages are all in; one more is refused at once with "
+                                "RESOURCE_EXHAUSTED (HTTP 429) and a retry hint. Keep it well under "
+                                "placement.ingress.max_ongoing_requests, which also counts calls still sending.")
 
 
 class AuthSettings(StrictSettings):
@@ -240,8 +246,11 @@ class IngressDeployment(DeploymentSettings):
                                   "with GPUs; on CPU a share of one (deployments.placement.CPU_INGRESS_CPUS), as "
                                   "the engine needs the cores more.")
     max_ongoing_requests: int = Field(
-        1024, ge=1, description="Requests one ingress replica handles at once (each mostly awaits the engine); "
-                                "beyond it the proxy queues them.")
+        16384, ge=1, description="Calls Ray Serve's proxies hand one ingress replica at once (beyond it they "
+                                 "queue them), counted from the HTTP headers or the gRPC stream's start, so calls "
+                                 "still sending their input hold one: sized for connections, which wait as cheap "
+                                 "coroutines (each is also an open file in the proxy: `radixserve serve` raises the "
+                                 "open-files limit). The work admitted at once is limits.max_in_flight_requests.")
 
 
 NICENESS_ENV = "RAY_worker_niceness"  # Ray's nice level for a worker, which the worker reads from its environment

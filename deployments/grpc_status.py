@@ -3,9 +3,10 @@ what is the server's fault (logged here, answered with a short message and no st
 
     INVALID_ARGUMENT    `radix_core.errors.RequestError`: the client's mistake, raised where the input is checked
                         (any plain ValueError, numpy's or a bug's, is the server's: INTERNAL)
-    RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests) and the batcher's QueueFullError,
-                        both with a retry hint (`retry_after_s`, sent as the trailing metadata `retry-after-ms`):
-                        the request fits once the engine has room. A refusal without the hint (a message over
+    RESOURCE_EXHAUSTED  Ray Serve's BackPressureError (engine max_queued_requests), the batcher's QueueFullError and
+                        the ingress's InFlightFull (limits.max_in_flight_requests), each with a retry hint
+                        (`retry_after_s`, sent as the trailing metadata `retry-after-ms`): the request fits once the
+                        server has room. A refusal without the hint (a message over
                         max_request_bytes) can never succeed as sent, and clients do not retry it.
     UNAVAILABLE         engine deployment failed, its replica or actor died or is unreachable: retry shortly
     INTERNAL            anything else: logged here once, with its stack trace
@@ -24,6 +25,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
 from deployments.batcher import QueueFullError
+from deployments.in_flight import InFlightFull
 from radix_core.errors import RequestError
 
 logger = logging.getLogger("ray.serve")
@@ -45,7 +47,7 @@ def retry_after_s(err: Exception) -> float | None:
     """Seconds the client should wait before retrying an overload refusal (a full batch queue's drain time); None
     when retrying cannot help or the error is not a refusal."""
     cause = root_cause(err)
-    if isinstance(cause, QueueFullError):
+    if isinstance(cause, (QueueFullError, InFlightFull)):
         return cause.retry_after_s
     return BACKPRESSURE_RETRY_S if isinstance(cause, BackPressureError) else None
 
@@ -57,7 +59,7 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(cause)
     if isinstance(cause, BackPressureError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{cause.message} The engine is overloaded: retry with backoff."
-    if isinstance(cause, QueueFullError):
+    if isinstance(cause, (QueueFullError, InFlightFull)):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(cause)
     if isinstance(cause, UNAVAILABLE_ERRORS):
         return grpc.StatusCode.UNAVAILABLE, (f"the engine is not available ({type(cause).__name__}): it is starting, "

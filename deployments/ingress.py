@@ -24,6 +24,7 @@ from deployments.config import AppArgs
 from deployments.engine_request import Priority
 from deployments.grpc_api import with_rpcs
 from deployments.http import build_app
+from deployments.in_flight import InFlight
 from deployments.metrics import IngressMetrics
 from deployments.model_card import model_card
 from deployments.request_path import RequestPath
@@ -35,9 +36,9 @@ from radixserve import __version__
 @serve.ingress()
 @with_rpcs
 class Ingress:
-    """The replica's state (settings, API keys, the model's `TaskContext` and card, metrics, the request path) and
-    its faces: `call(task, request)` for handle callers, `info()`, the HTTP application, and one method per gRPC
-    rpc name (`with_rpcs`)."""
+    """The replica's state (settings, API keys, the model's `TaskContext` and card, metrics, the gRPC calls in
+    flight, the request path) and its faces: `call(task, request)` for handle callers, `info()`, the HTTP
+    application, and one method per gRPC rpc name (`with_rpcs`)."""
 
     def __init__(self, engine: DeploymentHandle, args: AppArgs):
         self.engine = engine
@@ -47,6 +48,7 @@ class Ingress:
         self.context = load_task_context(args.model, args.tasks)
         self.card = model_card(args.model, args.served_model_name, args.primary_task, self.context)
         self.metrics = IngressMetrics()
+        self.grpc_in_flight = InFlight("gRPC", args.limits.max_in_flight_requests)
         self.path = RequestPath(engine, self.context, args.limits.max_request_tokens, self.metrics.stages)
 
     async def answer(self, request: TaskRequest, priority: Priority = Priority.INTERACTIVE) -> Any:

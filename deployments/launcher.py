@@ -14,6 +14,8 @@ deploy, and on SIGTERM tears everything down with requests in flight. This launc
    imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
    sets `RAY_worker_niceness` from `placement.niceness` (unless set), so the Ray it starts runs Serve's proxies at
    the replicas' priority, not Ray's 15 (the replicas get theirs from their runtime_env on any cluster);
+   raises the open-files soft limit to the hard one and says so, for the Ray it starts: every client connection is
+   a file in Ray's proxies;
 5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command,
    leaving out of its output the lines Ray prints for a normal state that read as failures (`RAY_NOISE`);
 6. follows the applications: DEPLOY_FAILED shuts down, prints Ray's deploy error and, last, its one-line cause,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import resource
 import signal
 import socket
 import sys
@@ -70,6 +73,7 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
         print(f"radixserve: application {app['name']!r} serves model {app['args'].model!r}", flush=True)
     set_grpc_message_limit(config)
     set_worker_niceness(config)
+    print(f"radixserve: open files limit {raise_open_files_limit()}", flush=True)
     stop = StopSignals()
     stop.install()
     with tempfile.TemporaryDirectory(prefix="radixserve-") as directory:
@@ -275,6 +279,21 @@ def set_worker_niceness(config: dict[str, Any]) -> None:
     levels = [app["args"].placement.niceness for app in radixserve_apps(config)]
     if levels and NICENESS_ENV not in os.environ:
         os.environ[NICENESS_ENV] = str(min(levels))
+
+
+def raise_open_files_limit() -> str:
+    """The soft open-files limit (RLIMIT_NOFILE) raised to the hard one, for this process and the Ray it starts
+    (Ray's proxies and replicas inherit it): each HTTP connection is a file in Ray's HTTP proxy, and the usual soft
+    limit of 1,024 would refuse connections long before the ingress's request slots run out. Returns what to
+    log."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return f"{soft} (the hard limit)"
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as err:
+        return f"{soft}: raising it to the hard limit {hard} failed ({err}); raise it with `ulimit -n`"
+    return f"{soft} -> {hard} (the hard limit)"
 
 
 def grpc_message_limit(max_request_bytes: int) -> int:

@@ -20,6 +20,7 @@ import deployments.http.app as http_app
 from deployments.auth import ApiKeys
 from deployments.config import AppArgs
 from deployments.grpc_api.streams import STREAM_WINDOW, StreamEnded
+from deployments.in_flight import InFlight, InFlightFull
 from deployments.ingress import Ingress
 from deployments.metrics import IngressMetrics
 from deployments.model_card import ModelCard
@@ -142,6 +143,7 @@ def replica(answers: Answers, **settings) -> Ingress:
                            limits={"max_request_bytes": MAX_REQUEST_BYTES, **settings})
     ingress.api_keys = ApiKeys([KEY])
     ingress.metrics = IngressMetrics()
+    ingress.grpc_in_flight = InFlight("gRPC", ingress.args.limits.max_in_flight_requests)
     ingress.answer = answers
     return ingress
 
@@ -324,3 +326,63 @@ def test_http_body_that_does_not_arrive_in_time_is_dropped_with_408(path):
     assert status == 408
     assert ERROR_MESSAGES[path](body) == (f"the request body did not all arrive within {SHORT_TIMEOUT_S:g} s, the "
                                           "most the server waits for one: send the body right after the headers")
+
+
+# What each transport admits: a complete request, counted against its own transport's bound.
+
+def test_in_flight_counts_while_admitted_and_refuses_over_its_limit():
+    in_flight = InFlight("gRPC", 2)
+    with in_flight.admitted(), in_flight.admitted():
+        assert in_flight.count == 2
+        with pytest.raises(InFlightFull) as refused, in_flight.admitted():
+            pass
+        assert in_flight.count == 2
+    assert in_flight.count == 0
+    assert refused.value.retry_after_s > 0 and str(refused.value).startswith(
+        "this server is answering 2 gRPC requests, the most it takes at once (limits.max_in_flight_requests)")
+
+
+def deliver(body: bytes) -> Callable:
+    """An ASGI `receive` for a client that sent its whole body, and then waits for the answer."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()
+    return receive
+
+
+def test_each_transport_counts_its_requests_once_their_input_is_in():
+    """limits.max_in_flight_requests 1: an HTTP body and a gRPC client stream still arriving hold no place; a
+    complete call on each transport is admitted beside them; one more complete call on either is refused at once
+    with a retry hint (while the first two are still being answered)."""
+    answers = Answers(block=True)
+    ingress = replica(answers, max_in_flight_requests=1)
+    ingress.card = ModelCard("no-model", "no-model", "rerank", ())
+    app = http_app.build_app(ingress)
+    body = json.dumps({"query": "q", "texts": ["a"]}).encode()
+    auth, complete = {"authorization": f"Bearer {KEY}"}, {"authorization": f"Bearer {KEY}",
+                                                          "content-length": str(len(body))}
+    rerank = tei.RerankRequest(query="q", texts=["a"])
+
+    async def main():
+        waiting = [asyncio.create_task(asgi_post(app, "/rerank", auth, never_receive([]))),
+                   asyncio.create_task(ingress.RerankStream(Stream([], idle=True), grpc_context())),
+                   asyncio.create_task(asgi_post(app, "/rerank", complete, deliver(body))),
+                   asyncio.create_task(ingress.Rerank(rerank, grpc_context()))]
+        await answers.called.until(2)  # both complete calls are being answered
+        refused_http = await asgi_post(app, "/rerank", complete, deliver(body))
+        context = grpc_context()
+        await ingress.Rerank(rerank, context)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return refused_http, context
+
+    (status, error), context = run(main())
+    assert status == 429 and "(limits.max_in_flight_requests)" in error["error"]
+    assert context.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert context.details().startswith("this server is answering 1 gRPC requests")
+    assert ("retry-after-ms", "1000") in context.trailing_metadata()
+    assert len(answers.calls) == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 
 import grpc
 from google.protobuf.message import Message
@@ -57,12 +58,14 @@ async def answer_call(server: Server, request: Message | None, grpc_context: Ray
 
 async def _status(server: Server, request: Message | None, grpc_context: RayServegRPCContext,
                   response: type[Message], answer: Callable[[], Awaitable[Message]]) -> Message:
-    """`answer()` once the key and the size pass; a refusal or an error becomes the status code and message on
-    `grpc_context` and an empty `response`."""
+    """`answer()` once the key and the size pass, as one of the gRPC calls in flight (`Server.grpc_in_flight`; a
+    stream, `request` None, is counted by its `answer` once its messages are in); a refusal or an error becomes the
+    status code and message on `grpc_context` and an empty `response`."""
     code, details = refusal(server, request, grpc_context)
     if code is None:
         try:
-            return await answer()
+            with server.grpc_in_flight.admitted() if request is not None else nullcontext():
+                return await answer()
         except StreamRefused as refused:
             code, details = refused.code, str(refused)
         except Exception as err:  # every error becomes a status; status_of logs the unexpected ones

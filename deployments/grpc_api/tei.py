@@ -272,12 +272,14 @@ async def answer_unary(call: TeiCall, server: Server, request: Message | None,
 async def answer_client_stream(call: TeiCall, server: Server, requests: AsyncIterator[Message],
                                grpc_context: RayServegRPCContext) -> Message:
     """A client stream, answered once as one call of all its messages: its key is checked from the metadata before
-    a message is read (`answer_call`), then its messages are read within the limits (`read_whole`)."""
+    a message is read (`answer_call`), then its messages are read within the limits (`read_whole`), and only then
+    is it counted as a gRPC call in flight."""
     async def answer() -> Message:
         args = server.args
         messages = await read_whole(requests, args.tasks.max_items, args.limits.max_request_bytes,
                                     args.limits.client_input_timeout_s)
-        return await call.answer(server, messages, metadata_priority(grpc_context))
+        with server.grpc_in_flight.admitted():
+            return await call.answer(server, messages, metadata_priority(grpc_context))
     return await answer_call(server, None, grpc_context, call.response, answer, call.task, API_TEI_GRPC)
 
 

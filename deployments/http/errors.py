@@ -8,8 +8,9 @@ the HTTP face classifies errors with the gRPC face's `status_of` rather than a s
     not_found         404     NOT_FOUND             a model other than the served one, an unknown path
     payload_too_large 413     -                     a body over max_request_bytes
     request_timeout   408     DEADLINE_EXCEEDED     a body that did not all arrive within client_input_timeout_s
-    overloaded        429     RESOURCE_EXHAUSTED    engine queue full: retry after `Retry-After` seconds (the
-                                                    queue's drain time when the batcher knows it, else 1)
+    overloaded        429     RESOURCE_EXHAUSTED    engine queue full, or limits.max_in_flight_requests HTTP requests
+                                                    in flight: retry after `Retry-After` seconds (the queue's drain
+                                                    time when the batcher knows it, else 1)
     unhealthy         503     UNAVAILABLE           the engine is starting, restarting or failed
     backend           500     INTERNAL              a server fault (any other exception, a plain ValueError too);
                                                     its type only, the details in the server log, logged once

@@ -3,8 +3,9 @@ name, the one request path (`Server.answer`: the same validation, tokenizing, pr
 gRPC), and the response rendered in a worker thread with the call's token usage in headers.
 
 Routes convert their dialect's body into the task's request (`RerankRequest`, ...) and the task's result back;
-they do no work of their own on the event loop beyond that. A task's error names the dialect's fields through the
-dialect's table (`run(..., names=...)`, applied to the structured `RequestError`). A request's class comes from
+they do no work of their own on the event loop beyond that. The HTTP requests being answered at once are bounded
+by `limits.max_in_flight_requests` (`InFlight`), counted once the body is in: a body still arriving holds none. A
+task's error names the dialect's fields through the dialect's table (`run(..., names=...)`, applied to the structured `RequestError`). A request's class comes from
 its `x-radixserve-priority` header (`interactive`, the default, or `batch`), which the `PriorityHeader`
 middleware hands to `run`.
 """
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from deployments.engine_request import PRIORITY_HEADER, Priority
 from deployments.grpc_status import root_cause
 from deployments.http.errors import NOT_FOUND, UNAUTHORIZED, ApiError, api_error
+from deployments.in_flight import InFlight, InFlightFull
 from deployments.metrics import name_task
 from deployments.model_card import ModelCard
 from deployments.request_path import gather_or_cancel
@@ -39,6 +41,7 @@ _PRIORITY: ContextVar[str | None] = ContextVar("radixserve_http_priority", defau
 class Service:
     def __init__(self, scorer: Server):
         self.scorer = scorer
+        self.in_flight = InFlight("HTTP", scorer.args.limits.max_in_flight_requests)
 
     @property
     def card(self) -> ModelCard:
@@ -64,7 +67,8 @@ class Service:
 
     async def run_all(self, requests: Sequence[TaskRequest], names: Sequence[FieldNames | None]) -> list[Any]:
         """The results of several requests that answer one HTTP request, all at once (the first failure cancels
-        the others); request i's errors in the field names `names[i]`. The metered task is the last one's."""
+        the others), admitted together as one of the HTTP requests in flight (the body is in); request i's errors
+        in the field names `names[i]`. The metered task is the last one's."""
         name_task(task_for(requests[-1]).name)
         priority = Priority.parse(_PRIORITY.get())
 
@@ -77,7 +81,11 @@ class Service:
                     err = cause.renamed(table)
                 raise api_error(err) from None
 
-        return await gather_or_cancel([one(request, table) for request, table in zip(requests, names)])
+        try:
+            with self.in_flight.admitted():
+                return await gather_or_cancel([one(request, table) for request, table in zip(requests, names)])
+        except InFlightFull as refusal:
+            raise api_error(refusal) from None
 
     async def respond(self, render: Callable[..., Any], *args: Any, usage: Usage | None = None) -> JSONResponse:
         """`render(*args)` as a JSON response, rendered and encoded in a worker thread; the usage in headers."""
