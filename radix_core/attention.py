@@ -123,7 +123,9 @@ class AttentionBackend:
     ((C, Hkv, D) each) that `meta.past` reads."""
 
     name = "abstract"
-    absorbs_short_prefixes = False  # `attend` reads short prefix blocks' keys in causal blocks, merging none
+    # True where `attend` reads short prefix blocks' keys in causal blocks and merges none of them: radix auto's
+    # cost model counts only the merges made (`ModeCosts.absorbs`)
+    absorbs_short_prefixes = False
 
     def __call__(self, q, k, v, meta: AttentionMetadata, scale: float,
                  past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -153,8 +155,8 @@ class TorchAttention(AttentionBackend):
     """Attention with its log-sum-exp over blocks padded to bucket lengths, one dense call per bucket
     (`radix_core.padded_blocks`: at most one call per bucket present, where one per block made ~500 calls a layer
     on a 1,000-document rerank; prefix blocks of a few keys are absorbed into their descendants' causal blocks);
-    the CPU path and the reference for the others. On the CPU it calls the kernel
-    that `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also
+    the CPU path and the reference for the others. On the CPU it calls the kernel that
+    `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also
     returns the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
 
     name = "torch"
