@@ -8,9 +8,9 @@ mode (`ModeWork`, `mode_works`):
 | `rows`: position-wise rows (embedding, norms, projections, MLP) | N | N' | N' |
 | `pairs`: (query, key) pairs attention scores | sum of L(L+1)/2 | the same | sum of position + 1 over rows |
 | `scattered`: rows q/k/v are scattered to, and the output gathered from | 0 | N + N' | 0 |
-| `merged`: prefix-block query rows, gathered and merged by log-sum-exp | 0 | 0 | P (rows x ancestor segments)* |
+| `merged`: prefix-block query rows, gathered and merged by log-sum-exp | 0 | 0 | P (rows x ancestor segments) - A |
 
-\* less the rows of the short prefix blocks the torch backend absorbs into causal blocks (`ModeCosts.absorbs`).
+A: the rows of the short prefix blocks the torch backend absorbs into causal blocks (`ModeCosts.absorbs`).
 
 `mlp` and `full` compute the same rows; they differ in attention only: `mlp` pays every sequence's whole causal
 attention plus the scatter and gather around it, `full` scores each compact row against its path once but merges
