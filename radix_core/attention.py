@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from radix_core.engine_config import ATTENTION_CHOICES
@@ -60,10 +61,14 @@ class PrefixBlocks:
     max_seqlen_k: int
 
     @cached_property
+    def host(self) -> tuple[np.ndarray, ...]:
+        """(q_rows, cu_seqlens_q, key_start, key_end) on the host, for the torch backend's plans."""
+        return tuple(t.cpu().numpy() for t in (self.q_rows, self.cu_seqlens_q, self.key_start, self.key_end))
+
+    @cached_property
     def padded(self) -> list[PaddedGroup]:
         """The blocks in chunks of queries padded to bucket key lengths, one dense call per bucket."""
-        return padded_prefix(*(t.cpu().numpy() for t in (self.q_rows, self.cu_seqlens_q, self.key_start,
-                                                          self.key_end)), self.q_rows.device)
+        return padded_prefix(*self.host, self.q_rows.device)
 
     @cached_property
     def key_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,8 +96,7 @@ class AttentionMetadata:
     def padded(self) -> PaddedPlan:
         """The causal and prefix blocks as padded groups, one dense call per bucket, short prefix blocks absorbed
         into the causal ones (`radix_core.padded_blocks`): the torch backend's plan."""
-        prefix = None if self.prefix is None else tuple(t.cpu().numpy() for t in (
-            self.prefix.q_rows, self.prefix.cu_seqlens_q, self.prefix.key_start, self.prefix.key_end))
+        prefix = None if self.prefix is None else self.prefix.host
         return padded_cascade(self.causal.cu_seqlens.cpu().numpy(), prefix, self.causal.cu_seqlens.device)
 
 

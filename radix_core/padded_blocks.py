@@ -97,11 +97,11 @@ def padded_cascade(bounds: np.ndarray, prefix: tuple[np.ndarray, ...] | None, de
     pair_block, pair_seg, pair_len, absorbed = _pairs(starts, q_rows, cu, key_start, key_end)
     # causal blocks: each segment's absorbed ancestors' rows, then its own
     seg = np.concatenate([pair_seg[absorbed], np.arange(starts.shape[0])])
+    range_len = np.concatenate([pair_len[absorbed], lengths])
     order = np.lexsort((np.arange(seg.shape[0]) >= absorbed.sum(), seg))  # by segment, ancestors first
-    range_start = np.concatenate([key_start[pair_block[absorbed]], starts])[order]
-    range_len = np.concatenate([pair_len[absorbed], lengths])[order]
-    flat = concat_ranges(range_start, range_len)  # rows of every block, block after block
-    block_len = np.bincount(seg, weights=np.concatenate([pair_len[absorbed], lengths])).astype(np.int64)  # (S,)
+    range_start = np.concatenate([key_start[pair_block[absorbed]], starts])
+    flat = concat_ranges(range_start[order], range_len[order])  # rows of every block, block after block
+    block_len = np.bincount(seg, weights=range_len).astype(np.int64)  # (S,)
     skip = np.bincount(pair_seg[absorbed], weights=pair_len[absorbed], minlength=starts.shape[0]).astype(np.int64)
     offsets = np.cumsum(block_len) - block_len
     causal = _padded(flat, offsets, block_len, flat, offsets, block_len, device, scratch=int(bounds[-1]), skip=skip)
@@ -109,7 +109,7 @@ def padded_cascade(bounds: np.ndarray, prefix: tuple[np.ndarray, ...] | None, de
     kept = ~absorbed
     if not kept.any():
         return PaddedPlan(causal, [])
-    blocks, first_kept = np.unique(pair_block[kept], return_index=True)
+    blocks = np.unique(pair_block[kept])
     kept_rows = np.bincount(pair_block[kept], weights=lengths[pair_seg[kept]])[blocks].astype(np.int64)
     kept_cu = np.concatenate([[0], np.cumsum(kept_rows)])
     kept_q = concat_ranges(starts[pair_seg[kept]], lengths[pair_seg[kept]])
@@ -209,4 +209,4 @@ def _as_index(rows: np.ndarray, device: torch.device) -> torch.Tensor | slice:
     """Rows as a slice when they are consecutive (read in place), else an int64 index tensor."""
     if rows.shape[0] and rows[-1] - rows[0] == rows.shape[0] - 1 and (np.diff(rows) == 1).all():
         return slice(int(rows[0]), int(rows[-1]) + 1)
-    return torch.from_numpy(np.ascontiguousarray(rows)).to(device)
+    return _tensor(rows, device)
