@@ -117,6 +117,32 @@ def test_a_killed_ingress_replica_loses_nothing_silently(local_app):
         assert len(client.rerank("after the kill", DOCS).results) == len(DOCS)
 
 
+@pytest.mark.timeout(300)
+def test_a_call_in_flight_on_a_killed_ingress_replica_ends_unavailable(local_app):
+    """Ray's proxy answers INTERNAL when the replica it forwarded a call to dies; the call never reached an answer
+    and is safe to retry, so the client is told UNAVAILABLE."""
+    address = local_app()
+    docs = [f"passage {i}: {'a radix tree stores strings by their shared prefixes ' * 12}" for i in range(1000)]
+    outcome: list[tuple[str, float]] = []
+
+    def call() -> None:
+        with ScoringClient(address, timeout_s=120, retries=0) as client:
+            try:
+                client.rerank("a query long enough to matter", docs)
+                outcome.append(("OK", time.monotonic()))
+            except grpc.RpcError as err:
+                outcome.append((err.code().name, time.monotonic()))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1.5)  # the 1,000-document forward takes seconds: the call is in flight at the ingress
+    killed_at = time.monotonic()
+    ray.kill(replica_actors("Ingress")[0], no_restart=False)
+    caller.join(150)
+    assert outcome and outcome[0][1] > killed_at, f"the call ended before the kill: {outcome}"
+    assert outcome[0][0] == "UNAVAILABLE", outcome
+
+
 @pytest.mark.timeout(400)
 def test_a_lost_worker_node_leaves_no_request_unanswered(tiny_model_dir, serve_cluster):
     """A head node (the proxy, the ingress) and a worker node holding the engine replicas; the worker is removed

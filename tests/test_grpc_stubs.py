@@ -38,6 +38,6 @@ def test_serve_config_servicer_functions_import():
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     servicers = gRPCOptions(**config["grpc_options"]).grpc_servicer_func_callable
     assert [f.__name__ for f in servicers] == [
-        "add_ScoringServicer_to_server", "add_HealthServicer_to_server", "add_InfoServicer_to_server",
+        "install", "add_ScoringServicer_to_server", "add_HealthServicer_to_server", "add_InfoServicer_to_server",
         "add_EmbedServicer_to_server", "add_PredictServicer_to_server", "add_RerankServicer_to_server",
         "add_TokenizeServicer_to_server"]
