@@ -4,6 +4,9 @@ UNAVAILABLE, and the client's retries land on a live replica."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -26,12 +29,14 @@ EXPLICIT = {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
 
 
 class Load:
-    """`clients` threads, each sending `per_client` rerank requests one after another through its own client;
-    records each request's final status and when it ended."""
+    """`clients` threads, each sending `per_client` rerank requests one after another through its own client (none
+    started after `deadline_s`, when given); records each request's final status and when it ended."""
 
-    def __init__(self, address: str, clients: int = 4, per_client: int = 6, retries: int = 0, timeout_s: float = 60):
+    def __init__(self, address: str, clients: int = 4, per_client: int = 6, retries: int = 0, timeout_s: float = 60,
+                 deadline_s: float | None = None):
         self.outcomes: list[tuple[str, float]] = []
         self._lock = threading.Lock()
+        self._stop_at = None if deadline_s is None else time.monotonic() + deadline_s
         self._threads = [threading.Thread(target=self._client, args=(address, i, per_client, retries, timeout_s))
                          for i in range(clients)]
         self.sent = clients * per_client
@@ -51,6 +56,8 @@ class Load:
     def _client(self, address: str, client: int, per_client: int, retries: int, timeout_s: float) -> None:
         with ScoringClient(address, timeout_s=timeout_s, retries=retries, backoff_s=0.5) as scoring:
             for i in range(per_client):
+                if self._stop_at is not None and time.monotonic() > self._stop_at:
+                    break
                 try:
                     scoring.rerank(f"query {client} {i}", DOCS)
                     code = "OK"
@@ -141,6 +148,31 @@ def test_a_call_in_flight_on_a_killed_ingress_replica_ends_unavailable(local_app
     caller.join(150)
     assert outcome and outcome[0][1] > killed_at, f"the call ended before the kill: {outcome}"
     assert outcome[0][0] == "UNAVAILABLE", outcome
+
+
+HOGS = 4  # busy processes at the node's priority, twice the CI machine's cores
+BUSY_S = 35.0  # longer than a health probe period (10 s) times the failures that restart a replica (3)
+
+
+@pytest.mark.timeout(300)
+def test_an_engine_replica_survives_a_busy_node(local_app):
+    """Noisy neighbours are normal on a node: with every core taken by processes at the node's priority, the
+    engine replica keeps its health probes answered and every call is answered (or refused retryably), and no
+    replica is replaced. The replicas run at `placement.niceness` (0), which their processes must show."""
+    address = local_app()
+    engines = {actor._actor_id for actor in replica_actors("EngineReplica")}
+    nice = {ray.get(actor.__ray_call__.remote(lambda self: os.nice(0))) for actor in replica_actors("EngineReplica")}
+    assert nice == {0}, nice
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+    try:
+        load = Load(address, clients=2, per_client=1_000_000, retries=6, deadline_s=BUSY_S).start()
+        codes = load.join(BUSY_S + 120)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert set(codes) <= EXPLICIT and codes["OK"] >= 1, codes
+    assert {actor._actor_id for actor in replica_actors("EngineReplica")} == engines, "an engine replica was replaced"
 
 
 @pytest.mark.timeout(400)
