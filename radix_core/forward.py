@@ -126,28 +126,60 @@ def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -
     h = arch.embed_tokens(plan.row_ids)  # (R, hidden)
     cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, head_dim) each
     cos, sin = cos[0], sin[0]  # (R, head_dim)
+    chunks = row_chunks(plan.num_rows, chunk_rows(arch, h))
     for i, layer in enumerate(arch.layers):
-        h = h + _attention_block(arch, i, layer, layer.input_layernorm(h), cos, sin, plan, backend)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out = _attention(arch, i, layer, h, cos, sin, plan, backend, chunks)  # (R, Hq, D)
+        for rows in chunks:  # h is this function's own tensor: the residual adds go in place
+            part = h[rows]  # (r, hidden) a view
+            part += layer.self_attn.o_proj(out[rows].flatten(1))
+            part += layer.mlp(layer.post_attention_layernorm(part))
     h = arch.norm(h)
     if plan.kept is not None:
         plan.kept.keep_states(h)
     return h if plan.past is None else torch.cat([h, plan.past.states()])  # (R + C, hidden)
 
 
-def _attention_block(arch, i, layer, x, cos, sin, plan, backend) -> torch.Tensor:
-    """Layer `i`'s self-attention on rows: projections, q/k-norm, rotary, backend (with the cached rows' K/V
-    when the plan reads them), output projection."""
+def _attention(arch, i, layer, h, cos, sin, plan, backend, chunks: list[slice]) -> torch.Tensor:
+    """(R, Hq, D) layer `i`'s attention output before its output projection: norm, projections, q/k-norm and
+    rotary chunk by chunk of rows, then the backend over all rows (with the cached rows' K/V when the plan reads
+    them)."""
     attn = layer.self_attn
-    rows = x.shape[0]
-    q = attn.q_proj(x).view(rows, -1, attn.head_dim)  # (R, Hq, D)
-    k = attn.k_proj(x).view(rows, -1, attn.head_dim)  # (R, Hkv, D)
-    v = attn.v_proj(x).view(rows, -1, attn.head_dim)  # (R, Hkv, D)
-    if hasattr(attn, "q_norm"):  # Qwen3
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = arch.apply_rotary(q, k, cos, sin, unsqueeze_dim=1)  # cos (R, 1, D) against (R, H, D)
+    rows, d = h.shape[0], attn.head_dim
+    q = h.new_empty(rows, attn.q_proj.out_features // d, d)  # (R, Hq, D)
+    k = h.new_empty(rows, attn.k_proj.out_features // d, d)  # (R, Hkv, D)
+    v = h.new_empty(rows, attn.v_proj.out_features // d, d)  # (R, Hkv, D)
+    for part in chunks:
+        x = layer.input_layernorm(h[part])  # (r, hidden)
+        qs, ks = attn.q_proj(x).unflatten(1, (-1, d)), attn.k_proj(x).unflatten(1, (-1, d))  # (r, H, D)
+        if hasattr(attn, "q_norm"):  # Qwen3
+            qs, ks = attn.q_norm(qs), attn.k_norm(ks)
+        q[part], k[part] = arch.apply_rotary(qs, ks, cos[part], sin[part], unsqueeze_dim=1)  # cos (r, 1, D)
+        v[part] = attn.v_proj(x).unflatten(1, (-1, d))
     if plan.kept is not None:
         plan.kept.keep_layer(i, k, v)
     past = plan.past.kv(i) if plan.attention.past is not None else None  # (C, Hkv, D) each
-    out = backend(q, k, v, plan.attention, attn.scaling, past)  # (R, Hq, D)
-    return attn.o_proj(out.reshape(rows, -1))  # (R, hidden)
+    return backend(q, k, v, plan.attention, attn.scaling, past)  # (R, Hq, D)
+
+
+CHUNK_BYTES = 1 << 20  # the widest activation of a chunk of rows (the MLP's intermediate), on the CPU
+MIN_CHUNK_ROWS = 16
+
+
+def chunk_rows(arch: Architecture, h: torch.Tensor) -> int | None:
+    """Rows per chunk of position-wise work: on the CPU, as many as keep the MLP's widest activation within
+    CHUNK_BYTES, so a chunk's activations stay in the core's cache between the ops that read them; on an
+    accelerator, all rows at once (None). Measured on the CPU, one thread, CPU time (1 MiB was the best of 256 KiB
+    to 4 MiB): a 1,000-document rerank of the `tiny` preset (55,000 rows, whose elementwise ops ran 2-2.5x slower
+    on all rows at once than on 125-document batches) 1.34 -> 0.97 s; the `bench` preset's engine shapes 6-9%
+    faster in `full` and 10-24% in `off`."""
+    if h.device.type != "cpu":
+        return None
+    width = max(arch.config.intermediate_size, arch.hidden_size)
+    return max(MIN_CHUNK_ROWS, CHUNK_BYTES // (width * h.element_size()))
+
+
+def row_chunks(rows: int, chunk: int | None) -> list[slice]:
+    """Slices of `chunk` rows covering `0..rows` (one for all rows when `chunk` is None)."""
+    if chunk is None or rows <= chunk:
+        return [slice(0, rows)]
+    return [slice(start, min(start + chunk, rows)) for start in range(0, rows, chunk)]
