@@ -1,0 +1,60 @@
+"""Matmuls whose every row is computed the same way whatever the other rows: fixed row tiles (batch-invariant mode).
+
+A BLAS gemm picks its kernel, blocking and threading from the matrix shape, so a row's bits in `x @ W.T` depend on
+how many rows `x` has. Measured on this project's CPU (torch 2.13, MKL 2024.2, oneDNN 3.12, AVX-512 with AMX): in
+float32 with one thread a row comes out one way alone (gemv), another way among 2-15 rows, a third among 16 or
+more; with two threads some shapes take yet another path for 63-129 rows (hidden 1536 -> 512) or from 129 rows on
+(1024 -> 3072); in bfloat16 (oneDNN) rows of a 128- or 256-row call differ from the same rows inside a 1,024-row
+call. A gemm of one fixed shape, by contrast, gives each row the same bits at any position of its tile, whatever
+the other rows hold, and a loop of such gemms gives each row the same bits whatever the number of tiles (checked
+for every shape of the bench model, one and two threads, both dtypes: `tests/test_batch_invariance.py`).
+
+So in batch-invariant mode every `F.linear` (projections, MLP, heads) runs as gemms of exactly `ROW_TILE` rows: the
+rows in tiles, the last tile padded with zeros, each tile one `addmm` into its slice of the output. The padding
+costs at most `ROW_TILE - 1` rows per call; the tiles cost little next to one big call at 256 rows (each tile
+still a full-width gemm). `RowTiledLinear` is a torch function mode: inside it, the model's own modules
+(transformers' `nn.Linear`, whose forward calls `F.linear`) run tiled, with no module replaced.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+ROW_TILE = 256  # rows of every gemm in batch-invariant mode
+
+
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 tile: int = ROW_TILE) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` as gemms of exactly `tile` rows: x (..., K), weight (N, K) -> (..., N)."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])  # (M, K)
+    m = rows.shape[0]
+    whole = m - m % tile
+    out = rows.new_empty(whole + (tile if whole < m else 0), weight.shape[0])  # (M rounded up, N)
+    wt = weight.t()  # (K, N)
+    for start in range(0, whole, tile):
+        _gemm(rows[start:start + tile], wt, bias, out[start:start + tile])
+    if whole < m:
+        last = rows.new_zeros(tile, rows.shape[1])  # (tile, K): the remaining rows, then zeros
+        last[:m - whole] = rows[whole:]
+        _gemm(last, wt, bias, out[whole:])
+    return out[:m].view(*lead, weight.shape[0])
+
+
+def _gemm(x: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    if bias is None:
+        torch.mm(x, wt, out=out)
+    else:
+        torch.addmm(bias, x, wt, out=out)
+
+
+class RowTiledLinear(TorchFunctionMode):
+    """Inside `with RowTiledLinear():` every `F.linear` runs as `tiled_linear`; everything else as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            return tiled_linear(*args, **kwargs)
+        return func(*args, **kwargs)
