@@ -98,7 +98,7 @@ class Engine:
         self.radix_threshold = config.radix_threshold
         self.attention = config.attention  # as asked for; `backend` is what runs
         self.batch_invariant = config.batch_invariant
-        self.backend = InvariantAttention() if config.batch_invariant else make_backend(config.attention, device,
+        self.backend = InvariantAttention(device) if config.batch_invariant else make_backend(config.attention, device,
                                                                                         dtype)
         self.model = model
         self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one

@@ -16,7 +16,8 @@ shared prompt's chunk is read once per `QUERY_TILE` queries below it, not once p
 one the torch backend calls (`_scaled_dot_product_flash_attention_for_cpu`): for a fixed (queries, keys) shape it
 computes every (tile, head, query) the same way whatever the number of tiles or the query's place in its tile
 (checked in `tests/test_batch_invariance.py`); on CUDA the Triton kernel `radix_core.kernels.chunk_attention`
-does the same with one program per (tile, head), no split of the keys.
+does the same with one program per (tile, head), no split of the keys (flash-attn and the segment kernel are not
+used in this mode: their splits of the keys follow the batch's blocks).
 
 Cost: a row at position p scores 64 * (p // 64 + 1) keys, at most 63 more than its p + 1, and a tile with fewer
 queries than `QUERY_TILE` is padded (bench/results/batch_invariance.md has the end-to-end figures).
@@ -45,13 +46,18 @@ class KeyPaths:
 
     q_rows: torch.Tensor  # (T * QUERY_TILE,) int64 computed row of each query slot (padding repeats a real one)
     k_rows: torch.Tensor  # (T * KEY_CHUNK,) int64 key row of each key slot (past a tile's end: its last key)
-    visible: torch.Tensor  # (T, 1, QUERY_TILE, KEY_CHUNK) bool, True on the keys each query slot sees
+    seen: torch.Tensor  # (T, QUERY_TILE) int32 keys each query slot sees: the tile's first ones
     chunks: list[tuple[torch.Tensor, torch.Tensor]]  # per chunk c in order: (query slots, their rows) (J_c,) each
     num_rows: int  # R
 
     @property
     def tiles(self) -> int:
-        return self.visible.shape[0]
+        return self.seen.shape[0]
+
+    @property
+    def visible(self) -> torch.Tensor:
+        """(T, 1, QUERY_TILE, KEY_CHUNK) bool, True on the keys each query slot sees."""
+        return (torch.arange(KEY_CHUNK, device=self.seen.device) < self.seen[..., None])[:, None]
 
     @cached_property
     def _masks(self) -> dict[torch.dtype, torch.Tensor]:
@@ -60,8 +66,9 @@ class KeyPaths:
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """(T, 1, QUERY_TILE, KEY_CHUNK): 0 on visible keys, -inf elsewhere, in `dtype`; built once per dtype."""
         if dtype not in self._masks:
-            self._masks[dtype] = torch.zeros(self.visible.shape, dtype=dtype, device=self.visible.device
-                                             ).masked_fill_(~self.visible, float("-inf"))
+            visible = self.visible
+            self._masks[dtype] = torch.zeros(visible.shape, dtype=dtype, device=visible.device
+                                             ).masked_fill_(~visible, float("-inf"))
         return self._masks[dtype]
 
 
@@ -95,7 +102,6 @@ def key_paths(token_rows: np.ndarray, cu_seqlens: np.ndarray, num_rows: int, dev
     padded = offset[:, None] + np.arange(QUERY_TILE) >= tile_jobs[tile_of][:, None]  # (T, QUERY_TILE)
     head = order[tile_first[tile_of]]  # (T,) a job of each dense tile: its keys are the tile's
     key_token = np.minimum(job_first[head][:, None] + np.arange(KEY_CHUNK), job_end[head][:, None])  # (T, CHUNK)
-    seen = np.arange(KEY_CHUNK) < visible[slot_job][..., None]  # (T, QUERY_TILE, CHUNK)
 
     flat_job = slot_job.reshape(-1)  # (T * QUERY_TILE,)
     real = np.flatnonzero(~padded.reshape(-1))  # (J,) slots holding a job, each job once
@@ -104,7 +110,7 @@ def key_paths(token_rows: np.ndarray, cu_seqlens: np.ndarray, num_rows: int, dev
         slots = real[job_chunk[flat_job[real]] == c]  # (J_c,)
         chunks.append((_upload(slots, device), _upload(job_row[flat_job[slots]], device)))
     return KeyPaths(_upload(job_row[flat_job], device), _upload(token_rows[key_token].reshape(-1), device),
-                    torch.from_numpy(seen[:, None]).to(device), chunks, num_rows)
+                    torch.from_numpy(visible[slot_job].astype(np.int32)).to(device), chunks, num_rows)
 
 
 def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -134,6 +140,9 @@ class InvariantAttention(AttentionBackend):
 
     name = "invariant"
 
+    def __init__(self, device: torch.device):
+        self.triton = device.type == "cuda"  # the Triton tiles on CUDA, the CPU kernel elsewhere
+
     def prepare(self, plan) -> None:
         if plan.attention.paths is None:
             plan.attention.paths = key_paths(plan.token_rows, plan.cu_seqlens, plan.num_rows,
@@ -146,18 +155,17 @@ class InvariantAttention(AttentionBackend):
         out, lse = self.tiles(q, k, v, paths, scale)  # (T * QUERY_TILE, Hq, D), (T * QUERY_TILE, Hq)
         return merge_chunks(out, lse, paths)
 
-    @staticmethod
-    def tiles(q, k, v, paths: KeyPaths, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def tiles(self, q, k, v, paths: KeyPaths, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Every tile's dense call: (out (slots, Hq, D) in q's dtype, lse (slots, Hq) float32)."""
         t = paths.tiles
         qt = q.index_select(0, paths.q_rows).view(t, QUERY_TILE, *q.shape[1:]).transpose(1, 2)  # (T, Hq, TQ, D)
         kt, vt = (x.index_select(0, paths.k_rows).view(t, KEY_CHUNK, *x.shape[1:]).transpose(1, 2)
                   for x in (k, v))  # (T, Hkv, CHUNK, D)
-        if q.device.type == "cpu":
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                qt, kt, vt, 0.0, False, attn_mask=paths.additive_mask(q.dtype), scale=scale)[:2]
-        else:
+        if self.triton:
             from radix_core.kernels.chunk_attention import chunk_attention
 
-            out, lse = chunk_attention(qt, kt, vt, paths.visible, scale)
+            out, lse = chunk_attention(qt, kt, vt, paths.seen, scale)
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qt, kt, vt, 0.0, False, attn_mask=paths.additive_mask(q.dtype), scale=scale)[:2]
         return out.transpose(1, 2).reshape(-1, *q.shape[1:]), lse.transpose(1, 2).reshape(-1, q.shape[1]).float()

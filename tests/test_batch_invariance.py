@@ -119,7 +119,7 @@ def test_every_row_reads_its_path_in_chunks_at_fixed_positions(engines, mode):
         for slot, row in zip(slots.tolist(), rows.tolist()):
             tile, i = divmod(slot, QUERY_TILE)
             assert q_rows[tile, i] == row
-            read.setdefault(row, {})[c] = k_rows[tile][paths.visible[tile, 0, i].numpy()].tolist()
+            read.setdefault(row, {})[c] = k_rows[tile][:int(paths.seen[tile, i])].tolist()
     for s in range(len(batch)):
         path = plan.token_rows[plan.cu_seqlens[s]:plan.cu_seqlens[s + 1]]
         for p, row in enumerate(path.tolist()):
@@ -225,3 +225,22 @@ def test_scores_embeddings_and_logprobs_are_bitwise_the_same_in_any_request(tiny
     for task, outputs in got.items():
         assert len(set(outputs)) == 1, task  # the same in every request
         assert outputs[0] == want[task][0], task  # and the same as with another mode, without the cache
+
+
+def test_tiled_reductions_give_the_reductions_of_the_rows():
+    """What the mode does with reductions over the last dimension on CUDA (forced here): the same values."""
+    from unittest import mock
+
+    from radix_core import invariant_matmul
+
+    x = torch.randn(3, ROW_TILE + 7, 24, generator=torch.Generator().manual_seed(0))
+    plain = [x.pow(2).mean(-1, keepdim=True), x.sum(dim=-1), torch.logsumexp(x, -1), x.norm(dim=-1),
+             torch.linalg.vector_norm(x, 2, -1), x.sum(1)]
+    with mock.patch.object(invariant_matmul, "tiled_rows", wraps=invariant_matmul.tiled_rows) as spy, \
+            invariant_matmul.RowTiledLinear(tile_reductions=True):
+        tiled = [x.pow(2).mean(-1, keepdim=True), x.sum(dim=-1), torch.logsumexp(x, -1), x.norm(dim=-1),
+                 torch.linalg.vector_norm(x, 2, -1), x.sum(1)]
+    assert spy.call_count == 5  # not x.sum(1): only the last dimension is a row's
+    for p, t in zip(plain, tiled):
+        assert p.shape == t.shape
+        torch.testing.assert_close(t, p)
