@@ -47,8 +47,13 @@ class KeyPaths:
     q_rows: torch.Tensor  # (T * QUERY_TILE,) int64 computed row of each query slot (padding repeats a real one)
     k_rows: torch.Tensor  # (T * KEY_CHUNK,) int64 key row of each key slot (past a tile's end: its last key)
     seen: torch.Tensor  # (T, QUERY_TILE) int32 keys each query slot sees: the tile's first ones
-    chunks: list[tuple[torch.Tensor, torch.Tensor]]  # per chunk c in order: (query slots, their rows) (J_c,) each
-    num_rows: int  # R
+    chunks: list[torch.Tensor]  # per chunk c: (R_c,) int64 slot of the job (order[i], c) for i < R_c
+    order: torch.Tensor  # (R,) int64 rows by their number of chunks, most first: the rows with a chunk c lead
+    back: torch.Tensor  # (R,) int64 place of each row in `order`
+
+    @property
+    def num_rows(self) -> int:
+        return self.order.shape[0]
 
     @property
     def tiles(self) -> int:
@@ -105,12 +110,17 @@ def key_paths(token_rows: np.ndarray, cu_seqlens: np.ndarray, num_rows: int, dev
 
     flat_job = slot_job.reshape(-1)  # (T * QUERY_TILE,)
     real = np.flatnonzero(~padded.reshape(-1))  # (J,) slots holding a job, each job once
-    chunks = []
-    for c in range(int(counts.max())):
-        slots = real[job_chunk[flat_job[real]] == c]  # (J_c,)
-        chunks.append((_upload(slots, device), _upload(job_row[flat_job[slots]], device)))
+    slot_of_job = np.empty(job_row.shape[0], dtype=np.int64)
+    slot_of_job[flat_job[real]] = real  # (J,)
+    order = np.argsort(-counts, kind="stable")  # (R,) rows with most chunks first
+    first_job = np.cumsum(counts) - counts  # (R,) a row's chunk 0
+    chunks = [_upload(slot_of_job[first_job[order[:int((counts > c).sum())]] + c], device)
+              for c in range(int(counts.max()))]
+    back = np.empty_like(order)
+    back[order] = np.arange(order.shape[0])
     return KeyPaths(_upload(job_row[flat_job], device), _upload(token_rows[key_token].reshape(-1), device),
-                    torch.from_numpy(visible[slot_job].astype(np.int32)).to(device), chunks, num_rows)
+                    torch.from_numpy(visible[slot_job].astype(np.int32)).to(device), chunks, _upload(order, device),
+                    _upload(back, device))
 
 
 def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -119,19 +129,19 @@ def _upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def merge_chunks(out: torch.Tensor, lse: torch.Tensor, paths: KeyPaths) -> torch.Tensor:
     """(R, H, D) each row's softmax over its whole path from its jobs' `out` (slots, H, D) and `lse` (slots, H)
-    float32: weighted by exp(lse - the row's largest lse) and summed chunk after chunk, in float32; out's dtype."""
-    rows, heads = paths.num_rows, out.shape[1]
-    top = torch.full((rows, heads), float("-inf"), device=out.device)  # (R, H)
-    for slots, which in paths.chunks:
-        top.index_copy_(0, which, torch.maximum(top.index_select(0, which), lse.index_select(0, slots)))
-    total = torch.zeros(rows, heads, out.shape[2], device=out.device)  # (R, H, D) float32
-    weight = torch.zeros(rows, heads, device=out.device)  # (R, H)
-    for slots, which in paths.chunks:
-        w = (lse.index_select(0, slots) - top.index_select(0, which)).exp_()  # (J_c, H)
-        part = out.index_select(0, slots).float().mul_(w[..., None])  # (J_c, H, D)
-        total.index_copy_(0, which, total.index_select(0, which).add_(part))
-        weight.index_copy_(0, which, weight.index_select(0, which).add_(w))
-    return total.div_(weight[..., None]).to(out.dtype)
+    float32: weighted by exp(lse - the row's largest lse) and summed chunk after chunk, in float32; out's dtype.
+    Rows are in `paths.order` until the end, so the rows with a chunk c are a leading slice."""
+    top = lse.index_select(0, paths.chunks[0])  # (R, H) chunk 0: every row has one
+    for slots in paths.chunks[1:]:
+        torch.maximum(top[:slots.shape[0]], lse.index_select(0, slots), out=top[:slots.shape[0]])
+    total = torch.zeros(*top.shape, out.shape[2], device=out.device)  # (R, H, D) float32
+    weight = torch.zeros_like(top)  # (R, H)
+    for slots in paths.chunks:
+        rows = slots.shape[0]
+        w = (lse.index_select(0, slots) - top[:rows]).exp_()  # (R_c, H)
+        total[:rows].add_(out.index_select(0, slots).float().mul_(w[..., None]))
+        weight[:rows].add_(w)
+    return total.div_(weight[..., None]).index_select(0, paths.back).to(out.dtype)
 
 
 class InvariantAttention(AttentionBackend):
@@ -168,4 +178,5 @@ class InvariantAttention(AttentionBackend):
         else:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 qt, kt, vt, 0.0, False, attn_mask=paths.additive_mask(q.dtype), scale=scale)[:2]
+        # both kernels lay their output out query-major: these reshapes are views (lse's, on the CPU, a copy)
         return out.transpose(1, 2).reshape(-1, *q.shape[1:]), lse.transpose(1, 2).reshape(-1, q.shape[1]).float()

@@ -9,10 +9,12 @@ call. A gemm of one fixed shape, by contrast, gives each row the same bits at an
 the other rows hold, and a loop of such gemms gives each row the same bits whatever the number of tiles (checked
 for every shape of the bench model, one and two threads, both dtypes: `tests/test_batch_invariance.py`).
 
-So in batch-invariant mode every `F.linear` (projections, MLP, heads) runs as gemms of exactly `ROW_TILE` rows: the
-rows in tiles, the last tile padded with zeros, each tile one `addmm` into its slice of the output. The padding
-costs at most `ROW_TILE - 1` rows per call; the tiles cost little next to one big call at 256 rows (each tile
-still a full-width gemm). `RowTiledLinear` is a torch function mode: inside it, the model's own modules
+So in batch-invariant mode every `F.linear` (projections, MLP, heads) runs as gemms of exactly `row_tile(dtype)`
+rows: the rows in tiles, the last tile padded with zeros, each tile one `addmm` into its slice of the output. The
+padding costs at most a tile less one row per call. The tile sizes were measured on the bench model's forward (MS
+MARCO-shaped batch, one thread, CPU time): float32 tiles of 256 rows cost ~4-8% over one call per matmul (128:
+~10%, 512 and 1,024 no better), bfloat16 tiles of 1,024 rows about nothing (256 and 512: ~10%; oneDNN's
+per-call cost weighs more next to AMX's speed), so 16-bit floats take 1,024-row tiles. `RowTiledLinear` is a torch function mode: inside it, the model's own modules
 (transformers' `nn.Linear`, whose forward calls `F.linear`) run tiled, with no module replaced.
 
 Reductions over the last dimension (RMSNorm's and q/k-norm's `mean`, the heads' `sum` and `logsumexp`, the
@@ -29,12 +31,21 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-ROW_TILE = 256  # rows of every gemm in batch-invariant mode
+ROW_TILE = 256  # rows of every float32 (and float64) gemm in batch-invariant mode
+HALF_ROW_TILE = 1024  # rows of every bfloat16 and float16 gemm
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def row_tile(dtype: torch.dtype) -> int:
+    """Rows of every gemm in `dtype` in batch-invariant mode (module docstring)."""
+    return HALF_ROW_TILE if dtype in HALF_DTYPES else ROW_TILE
 
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 tile: int = ROW_TILE) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` as gemms of exactly `tile` rows: x (..., K), weight (N, K) -> (..., N)."""
+                 tile: int | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` as gemms of exactly `tile` rows (default `row_tile(x.dtype)`): x (..., K),
+    weight (N, K) -> (..., N)."""
+    tile = tile or row_tile(x.dtype)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])  # (M, K)
     m = rows.shape[0]

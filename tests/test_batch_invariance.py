@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from radix_core.engine import Engine
 from radix_core.invariant_attention import KEY_CHUNK, QUERY_TILE, key_paths
-from radix_core.invariant_matmul import ROW_TILE, tiled_linear
+from radix_core.invariant_matmul import ROW_TILE, row_tile, tiled_linear
 from radix_core.tasks import TaskConfig
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
 
@@ -37,10 +37,11 @@ def test_tiled_linear_gives_a_row_the_same_bits_among_any_rows(dtype, shape):
     k, n = shape
     weight = torch.randn(n, k, generator=gen).to(DTYPES[dtype])
     bias = torch.randn(n, generator=gen).to(DTYPES[dtype])
-    x = torch.randn(3 * ROW_TILE + 5, k, generator=gen).to(DTYPES[dtype])
+    tile = row_tile(DTYPES[dtype])
+    x = torch.randn(3 * tile + 5, k, generator=gen).to(DTYPES[dtype])
     want = tiled_linear(x, weight, bias)  # (M, n)
     torch.testing.assert_close(want.float(), F.linear(x, weight, bias).float(), atol=0.05, rtol=0.02)
-    for start, size in ((0, 1), (7, 2), (3, 17), (100, ROW_TILE), (1, 2 * ROW_TILE + 3), (ROW_TILE - 1, 40)):
+    for start, size in ((0, 1), (7, 2), (3, 17), (100, tile), (1, 2 * tile + 3), (tile - 1, 40)):
         assert torch.equal(tiled_linear(x[start:start + size], weight, bias), want[start:start + size])
 
 
@@ -115,11 +116,12 @@ def test_every_row_reads_its_path_in_chunks_at_fixed_positions(engines, mode):
     paths = key_paths(plan.token_rows, plan.cu_seqlens, plan.num_rows, torch.device("cpu"))
     q_rows, k_rows = paths.q_rows.view(-1, QUERY_TILE).numpy(), paths.k_rows.view(-1, KEY_CHUNK).numpy()
     read = {}  # row -> {chunk: visible key rows}
-    for c, (slots, rows) in enumerate(paths.chunks):
-        for slot, row in zip(slots.tolist(), rows.tolist()):
+    for c, slots in enumerate(paths.chunks):
+        for row, slot in zip(paths.order.tolist(), slots.tolist()):
             tile, i = divmod(slot, QUERY_TILE)
             assert q_rows[tile, i] == row
             read.setdefault(row, {})[c] = k_rows[tile][:int(paths.seen[tile, i])].tolist()
+    assert torch.equal(paths.order[paths.back], torch.arange(plan.num_rows))
     for s in range(len(batch)):
         path = plan.token_rows[plan.cu_seqlens[s]:plan.cu_seqlens[s + 1]]
         for p, row in enumerate(path.tolist()):

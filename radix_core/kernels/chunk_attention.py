@@ -47,7 +47,7 @@ def _chunk_attention_kernel(
     p = tl.exp2(s - m[:, None])  # (TQ, CK)
     l = tl.sum(p, 1)  # (TQ,)
     out = _dot(p.to(v.dtype), v, PRECISION, WIDEN) / l[:, None]  # (TQ, BLOCK_D)
-    rows = (tile * NUM_HEADS + head).to(tl.int64) * TQ + offs_m  # (TQ,) rows of out (T, Hq, TQ, D) flattened
+    rows = (tile.to(tl.int64) * TQ + offs_m) * NUM_HEADS + head  # (TQ,) (query, head) rows, memory (T, TQ, Hq)
     tl.store(out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=d_ok[None, :])
     tl.store(lse_ptr + rows, (m + tl.log2(l)) * _LN_2)
@@ -57,7 +57,8 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tor
                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`q` (T, Hq, TQ, D) over `k`, `v` (T, Hkv, CK, D) (head dim contiguous; TQ and CK powers of two >= 16),
     query `i` of tile `t` seeing keys `0..seen[t, i] - 1` (`seen` (T, TQ) int32, each at least 1) -> (out
-    (T, Hq, TQ, D) in q's dtype, lse (T, Hq, TQ) float32 natural log)."""
+    (T, Hq, TQ, D) in q's dtype, lse (T, Hq, TQ) float32 natural log), both laid out query-major in memory (views of
+    (T, TQ, Hq, ...), as the CPU kernel's output is), so `.transpose(1, 2)` gives the rows back to back."""
     name = "chunk_attention"
     for what, t in (("q", q), ("k", k), ("v", v)):
         check_ndim(name, what, t, 4, "(tiles, heads, rows, head_dim)")
@@ -72,8 +73,8 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tor
         raise ValueError(f"{name}: seen must be contiguous int32 (T, TQ) = {(tiles, tq)}, got {seen.dtype} "
                          f"{tuple(seen.shape)}")
     check_runnable(name, q, k, v, seen)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (T, Hq, TQ, D)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # (T, Hq, TQ)
+    out = torch.empty((tiles, tq, heads, dim), dtype=q.dtype, device=q.device).transpose(1, 2)  # (T, Hq, TQ, D)
+    lse = torch.empty((tiles, tq, heads), dtype=torch.float32, device=q.device).transpose(1, 2)  # (T, Hq, TQ)
     if tiles == 0:
         return out, lse
     with launch_device(q):
