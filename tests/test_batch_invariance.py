@@ -54,30 +54,29 @@ def test_a_plain_gemm_gives_a_row_other_bits_among_other_rows():
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_the_cpu_attention_kernel_at_one_shape_gives_a_query_the_same_bits(dtype):
-    """`_scaled_dot_product_flash_attention_for_cpu` at (QUERY_TILE, KEY_CHUNK): a query's output and log-sum-exp do
-    not depend on the number of tiles, its place in the tile, the other queries or the masked keys' values."""
+    """`_scaled_dot_product_flash_attention_for_cpu` at the two shapes the mode calls it with, (QUERY_TILE queries,
+    KEY_CHUNK keys) unmasked and (KEY_CHUNK, KEY_CHUNK) causal: a query's output and log-sum-exp do not depend on
+    the number of tiles, the other tiles, its place in an unmasked tile, or (causal) the keys after its own."""
     gen = torch.Generator().manual_seed(0)
-    tiles, kind = 40, DTYPES[dtype]
-    q = torch.randn(tiles, 4, QUERY_TILE, 16, generator=gen).to(kind)
+    tiles, kind = 12, DTYPES[dtype]
     k, v = (torch.randn(tiles, 2, KEY_CHUNK, 16, generator=gen).to(kind) for _ in range(2))
-    seen = torch.randint(1, KEY_CHUNK // 2 + 1, (tiles, 1, QUERY_TILE, 1), generator=gen)  # the first half at most
-    visible = torch.arange(KEY_CHUNK) < seen  # (tiles, 1, QUERY_TILE, KEY_CHUNK)
-
-    def run(q, k, v, visible):
-        mask = torch.zeros(visible.shape, dtype=kind).masked_fill_(~visible, float("-inf"))
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                          scale=0.25)[:2]
-
-    out, lse = run(q, k, v, visible)
-    pick = torch.tensor([5, 0, 31])
-    sub_out, sub_lse = run(q[pick], k[pick], v[pick], visible[pick])
-    assert torch.equal(sub_out, out[pick]) and torch.equal(sub_lse, lse[pick])
-    rolled_out, rolled_lse = run(q.roll(3, 2), k, v, visible.roll(3, 2))
-    assert torch.equal(rolled_out.roll(-3, 2), out) and torch.equal(rolled_lse.roll(-3, 2), lse)
-    half = KEY_CHUNK // 2  # keys no query sees: other values change nothing
-    other_k, other_v = torch.cat([k[:, :, :half], -k[:, :, half:]], 2), torch.cat([v[:, :, :half], v[:, :, half:] * 3], 2)
-    other_out, other_lse = run(q, other_k, other_v, visible)
-    assert torch.equal(other_out, out) and torch.equal(other_lse, lse)
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    for queries, causal in ((QUERY_TILE, False), (KEY_CHUNK, True)):
+        q = torch.randn(tiles, 4, queries, 16, generator=gen).to(kind)
+        out, lse = kernel(q, k, v, 0.0, causal, scale=0.25)[:2]
+        pick = torch.tensor([5, 0, 11])
+        sub_out, sub_lse = kernel(q[pick], k[pick], v[pick], 0.0, causal, scale=0.25)[:2]
+        assert torch.equal(sub_out, out[pick]) and torch.equal(sub_lse, lse[pick])
+        if not causal:
+            rolled_out, rolled_lse = kernel(q.roll(3, 2), k, v, 0.0, causal, scale=0.25)[:2]
+            assert torch.equal(rolled_out.roll(-3, 2), out) and torch.equal(rolled_lse.roll(-3, 2), lse)
+        else:
+            for cut in (1, 37, 64, 100):  # another sequence's keys after position `cut`: queries up to it unchanged
+                other_k = torch.cat([k[:, :, :cut], -k[:, :, cut:]], 2)
+                other_v = torch.cat([v[:, :, :cut], 3 * v[:, :, cut:]], 2)
+                other_out, other_lse = kernel(q, other_k, other_v, 0.0, causal, scale=0.25)[:2]
+                assert torch.equal(other_out[:, :, :cut], out[:, :, :cut])
+                assert torch.equal(other_lse[:, :, :cut], lse[:, :, :cut])
 
 
 # --- the attention plan ---------------------------------------------------------------------------------------------
@@ -110,17 +109,21 @@ def test_every_row_reads_its_path_in_chunks_at_fixed_positions(engines, mode):
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, VOCAB, 150).tolist()
     engine.forward([prompt + [1], prompt + [2]], mode)  # admits the prompt
-    batch = [prompt + rng.integers(0, VOCAB, n).tolist() for n in (3, 70)] + [prompt[:100], [5] * 130]
+    batch = [prompt + rng.integers(0, VOCAB, n).tolist() for n in (3, 170)] + [prompt[:100], [5] * 300]
     plan = engine.run(engine.prepare(batch, mode)).plan
     assert plan.cached_lengths.tolist() == [150, 150, 100, 0]
     paths = key_paths(plan.token_rows, plan.cu_seqlens, plan.num_rows, torch.device("cpu"))
-    q_rows, k_rows = paths.q_rows.view(-1, QUERY_TILE).numpy(), paths.k_rows.view(-1, KEY_CHUNK).numpy()
     read = {}  # row -> {chunk: visible key rows}
-    for c, slots in enumerate(paths.chunks):
-        for row, slot in zip(paths.order.tolist(), slots.tolist()):
-            tile, i = divmod(slot, QUERY_TILE)
-            assert q_rows[tile, i] == row
-            read.setdefault(row, {})[c] = k_rows[tile][:int(paths.seen[tile, i])].tolist()
+    kinds = {"whole": [(paths.whole, 0)], "last": [(paths.diagonal, 0), (paths.masked, paths.diagonal.q_rows.numel())]}
+    for c, chunk in enumerate(paths.chunks):
+        rows = iter(paths.order.tolist())
+        for kind, slots in zip(kinds, chunk):
+            for slot in slots.tolist():
+                tiles, base = [(t, b) for t, b in kinds[kind] if slot >= b][-1]
+                row, (tile, i) = next(rows), divmod(slot - base, tiles.queries)
+                assert tiles.q_rows.view(-1, tiles.queries)[tile, i] == row
+                seen = int(tiles.seen()[tile, i])
+                read.setdefault(row, {})[c] = tiles.k_rows.view(-1, KEY_CHUNK)[tile, :seen].tolist()
     assert torch.equal(paths.order[paths.back], torch.arange(plan.num_rows))
     for s in range(len(batch)):
         path = plan.token_rows[plan.cu_seqlens[s]:plan.cu_seqlens[s + 1]]
