@@ -5,9 +5,9 @@
   prefix cache off and on (on: the batch runs three times and the third run, which reads the cached prefixes, is
   kept; the 64-sequence batch runs with the cache off only, to keep the run short); in each radix mode (off, mlp,
   full); float32 and bfloat16. Per engine setting: how many distinct bit patterns the sequence's final hidden
-  state (what every head and pooling reads) takes over those 21 runs, and their largest difference. Settings: the default engine; the default engine with its matmuls in fixed row tiles
-  (`radix_core.invariant_matmul`) but the default attention, which isolates what attention changes; and
-  `batch_invariant=True`.
+  state (what every head and pooling reads) takes over those 21 runs, and their largest difference. Settings:
+  the default engine; the default engine with its matmuls in fixed row tiles (`radix_core.invariant_matmul`) but
+  the default attention, which isolates what attention changes; and `batch_invariant=True`.
 * `--part cost`: the default engine (radix auto, attention auto) against `batch_invariant=True` (radix auto) on the
   engine bench's shapes (MS MARCO-shaped rerank, synthetic shared prefix 32 x (512 + 64), no sharing), float32 and
   bfloat16, without the prefix cache, on one torch thread, timed by CPU time (`time.process_time`: other load on a
@@ -94,8 +94,8 @@ def cost(model_dir: str, repeats: int) -> list[str]:
             engine.warm_up()
         for shape in COST_SHAPES:
             batch = make_batch(shape)
-            times = interleaved_timings({name: (lambda e=e: e.last_hidden_states(batch)) for name, e in engines.items()},
-                                        repeats, clock=time.process_time)
+            runners = {name: (lambda e=e: e.last_hidden_states(batch)) for name, e in engines.items()}
+            times = interleaved_timings(runners, repeats, clock=time.process_time)
             ratio = times["batch_invariant"].median / times["default"].median
             lines.append(f"| {dtype} | {shape} | {times['default']} | {times['batch_invariant']} | {ratio:.2f} |")
             print(lines[-1], flush=True)

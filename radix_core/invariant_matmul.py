@@ -11,11 +11,12 @@ for every shape of the bench model, one and two threads, both dtypes: `tests/tes
 
 So in batch-invariant mode every `F.linear` (projections, MLP, heads) runs as gemms of exactly `row_tile(dtype)`
 rows: the rows in tiles, the last tile padded with zeros, each tile one `addmm` into its slice of the output. The
-padding costs at most a tile less one row per call. The tile sizes were measured on the bench model's forward (MS
-MARCO-shaped batch, one thread, CPU time): float32 tiles of 256 rows cost ~4-8% over one call per matmul (128:
-~10%, 512 and 1,024 no better), bfloat16 tiles of 1,024 rows about nothing (256 and 512: ~10%; oneDNN's
-per-call cost weighs more next to AMX's speed), so 16-bit floats take 1,024-row tiles. `RowTiledLinear` is a torch function mode: inside it, the model's own modules
-(transformers' `nn.Linear`, whose forward calls `F.linear`) run tiled, with no module replaced.
+padding costs at most a tile less one row per call. Tile sizes, from one run of the bench model's forward on the
+MS MARCO-shaped batch (one thread, CPU time, noisy to a few %): float32 tiles of 128 / 256 / 512 / 1,024 rows cost
++10 / +8 / +16 / +13% over one call per matmul; bfloat16 tiles +25 / +10 / +10 / +0% (oneDNN's per-call cost
+weighs more next to AMX's speed). So float32 takes 256-row tiles, 16-bit floats 1,024. `RowTiledLinear` is a
+torch function mode: inside it, the model's own modules (transformers' `nn.Linear`, whose forward calls
+`F.linear`) run tiled, with no module replaced.
 
 Reductions over the last dimension (RMSNorm's and q/k-norm's `mean`, the heads' `sum` and `logsumexp`, the
 embeddings' `norm`): on the CPU torch reduces each row on its own whatever the number of rows (measured: one row's
