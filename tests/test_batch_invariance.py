@@ -250,3 +250,12 @@ def test_tiled_reductions_give_the_reductions_of_the_rows():
     for p, t in zip(plain, tiled):
         assert p.shape == t.shape
         torch.testing.assert_close(t, p)
+
+
+def test_warm_up_runs_the_invariant_backend_and_keeps_the_static_cost_model(tiny_model_dir):
+    """`Engine.warm_up` reaches every attention call through the invariant backend; radix auto keeps its static FLOP
+    count (the calibration probes time the default backends' calls)."""
+    engine = Engine.from_pretrained(str(tiny_model_dir("qwen3", "base")), device="cpu", batch_invariant=True)
+    engine.warm_up()
+    assert engine.info["batch_invariant"] and engine.info["attention"] == "invariant"
+    assert engine.mode_costs.source.startswith("static")
