@@ -108,6 +108,10 @@ class RowTiledLinear(TorchFunctionMode):
             return tiled_linear(*args, **kwargs)
         if func in _REDUCTIONS and _reduces_last_dim(func, args, kwargs):
             tile = self.tile_reductions if self.tile_reductions is not None else args[0].is_cuda
-            if tile:
+            if tile:  # the tiles are 2-D: the dimension as -1
+                if "dim" in kwargs:
+                    kwargs = {**kwargs, "dim": -1}
+                else:
+                    args = (*args[:_REDUCTIONS[func]], -1, *args[_REDUCTIONS[func] + 1:])
                 return tiled_rows(func, *args, **kwargs)
         return func(*args, **kwargs)
