@@ -14,7 +14,9 @@ rows: the rows in tiles, the last tile padded with zeros, each tile one `addmm` 
 padding costs at most a tile less one row per call. Tile sizes, from one run of the bench model's forward on the
 MS MARCO-shaped batch (one thread, CPU time, noisy to a few %): float32 tiles of 128 / 256 / 512 / 1,024 rows cost
 +10 / +8 / +16 / +13% over one call per matmul; bfloat16 tiles +25 / +10 / +10 / +0% (oneDNN's per-call cost
-weighs more next to AMX's speed). So float32 takes 256-row tiles, 16-bit floats 1,024. `RowTiledLinear` is a
+weighs more next to AMX's speed). So float32 takes 256-row tiles, 16-bit floats 1,024. On the matmuls alone (a
+layer's five linears at 2,560 / 5,836 / 8,200 rows, one thread): float32 +5 / +4 / +13%, bfloat16 +58 / +43 / +59%
+(oneDNN's AMX gemm gains from one large call; weights prepacked for the tile's row count were no faster). `RowTiledLinear` is a
 torch function mode: inside it, the model's own modules (transformers' `nn.Linear`, whose forward calls
 `F.linear`) run tiled, with no module replaced.
 
