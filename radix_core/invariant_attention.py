@@ -20,7 +20,9 @@ trie's segments, whether a key comes from the prefix cache or was computed in th
 
 The CPU kernel is the one the torch backend calls (`_scaled_dot_product_flash_attention_for_cpu`): at one fixed
 shape it computes every (tile, head, query) the same way whatever the number of tiles, the query's place in its
-tile or the keys it does not see (checked in `tests/test_batch_invariance.py`). On CUDA the Triton kernel
+tile or the keys it does not see, and a query of a causal tile gets the bits it gets in a masked tile that shows it
+the same keys (which kind a row's last chunk takes depends on its company; all checked in
+`tests/test_batch_invariance.py`). On CUDA the Triton kernel
 `radix_core.kernels.chunk_attention` does the same with one program per (tile, head), no split of the keys
 (flash-attn and the segment kernel are not used in this mode: their splits of the keys follow the batch's blocks).
 

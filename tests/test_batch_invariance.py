@@ -259,3 +259,36 @@ def test_warm_up_runs_the_invariant_backend_and_keeps_the_static_cost_model(tiny
     engine.warm_up()
     assert engine.info["batch_invariant"] and engine.info["attention"] == "invariant"
     assert engine.mode_costs.source.startswith("static")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_query_of_a_causal_tile_equals_it_in_a_masked_tile(dtype):
+    """A row's last chunk runs in a causal square tile or a masked one, as its sequence's rows in that chunk are
+    many or few, which the batch decides: the CPU kernel gives query `i` of a causal (KEY_CHUNK, KEY_CHUNK) tile
+    the bits it gives the same query in a masked (QUERY_TILE, KEY_CHUNK) tile seeing keys 0..i."""
+    gen = torch.Generator().manual_seed(1)
+    kind, kernel = DTYPES[dtype], torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q = torch.randn(3, 4, KEY_CHUNK, 16, generator=gen).to(kind)
+    k, v = (torch.randn(3, 2, KEY_CHUNK, 16, generator=gen).to(kind) for _ in range(2))
+    out, lse = kernel(q, k, v, 0.0, True, scale=0.25)[:2]
+    slots = torch.tensor([0, 1, 31, 32, 63, 64, 100, 127])[torch.randperm(8, generator=gen)]
+    picked = torch.cat([slots, slots[:QUERY_TILE - len(slots)].repeat(QUERY_TILE // len(slots))])[:QUERY_TILE]
+    hidden = torch.arange(KEY_CHUNK) > picked[:, None]  # (QUERY_TILE, KEY_CHUNK)
+    mask = torch.zeros(hidden.shape, dtype=kind).masked_fill_(hidden, float("-inf")).expand(3, 1, -1, -1)
+    masked_out, masked_lse = kernel(q[:, :, picked], k, v, 0.0, False, attn_mask=mask, scale=0.25)[:2]
+    assert torch.equal(masked_out, out[:, :, picked]) and torch.equal(masked_lse, lse[:, :, picked])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_last_chunk_alone_and_shared_gives_the_same_bits(engines, dtype):
+    """Alone, the target's last chunk is one causal tile; behind a companion that shares most of that chunk, its few
+    rows of it go to a masked tile."""
+    engine = engines(dtype, False)
+    rng = np.random.default_rng(4)
+    for length, shared in ((120, 100), (250, 140), (200, 190)):
+        target = rng.integers(0, VOCAB, length).tolist()
+        alone = target_outputs(engine, [target], 0, "off")
+        companion = target[:shared] + rng.integers(0, VOCAB, 30).tolist()
+        for mode in ("mlp", "full"):
+            got = target_outputs(engine, [companion, target], 1, mode)
+            assert all(torch.equal(g, w) for g, w in zip(got, alone))
