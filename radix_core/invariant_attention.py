@@ -23,8 +23,9 @@ shape it computes every (tile, head, query) the same way whatever the number of 
 tile or the keys it does not see, and a query of a causal tile gets the bits it gets in a masked tile that shows it
 the same keys (which kind a row's last chunk takes depends on its company; all checked in
 `tests/test_batch_invariance.py`). On CUDA the Triton kernel
-`radix_core.kernels.chunk_attention` does the same with one program per (tile, head), no split of the keys
-(flash-attn and the segment kernel are not used in this mode: their splits of the keys follow the batch's blocks).
+`radix_core.kernels.chunk_attention` does the same with one program per (tile, head), no split of the keys, and
+every last chunk in masked tiles, so all its calls have one shape (flash-attn and the segment kernel are not used
+in this mode: their splits of the keys follow the batch's blocks).
 
 Cost: a row at position p scores CK (p // CK) keys in whole chunks plus at most CK in its last one, and tiles with
 fewer queries than their size are padded. On the bench shapes (one layer, one thread) this attention takes
@@ -109,10 +110,12 @@ class KeyPaths:
         return self.order.shape[0]
 
 
-def key_paths(token_rows: np.ndarray, cu_seqlens: np.ndarray, num_rows: int, device: torch.device) -> KeyPaths:
+def key_paths(token_rows: np.ndarray, cu_seqlens: np.ndarray, num_rows: int, device: torch.device,
+              diagonal: bool = True) -> KeyPaths:
     """The jobs of the computed rows `0..num_rows` of a plan whose original token `i` is row `token_rows[i]` (N,)
     (computed rows first, then cached ones), sequences `cu_seqlens` (B+1,). Each computed row reads the path of the
-    first sequence holding it: every sequence holding it has the same history up to it."""
+    first sequence holding it: every sequence holding it has the same history up to it. `diagonal` False: every
+    last chunk in masked tiles (the Triton path: one tile shape for all, so no two compiled variants need agree)."""
     seq = np.repeat(np.arange(cu_seqlens.shape[0] - 1), np.diff(cu_seqlens))  # (N,)
     pos = sequence_positions(cu_seqlens).astype(np.int64)  # (N,)
     computed = np.flatnonzero(token_rows < num_rows)  # (Nc,) tokens that are computed rows
@@ -142,7 +145,7 @@ def key_paths(token_rows: np.ndarray, cu_seqlens: np.ndarray, num_rows: int, dev
     width = int(counts.max()) + 1
     groups, group_of, group_size = np.unique(owner[last_row] * width + last_chunk, return_inverse=True,
                                              return_counts=True)  # (G,), (R,), (G,)
-    big = group_size >= DIAGONAL_ROWS  # (G,)
+    big = (group_size >= DIAGONAL_ROWS) & diagonal  # (G,)
     group_start = cu_seqlens[groups // width].astype(np.int64) + groups % width * KEY_CHUNK  # (G,) slot 0's token
     group_last = cu_seqlens[groups // width + 1].astype(np.int64) - 1  # (G,)
     keys = np.minimum(group_start[:, None] + np.arange(KEY_CHUNK), group_last[:, None])  # (G, CK) tokens
@@ -247,7 +250,7 @@ class InvariantAttention(AttentionBackend):
     def prepare(self, plan) -> None:
         if plan.attention.paths is None:
             plan.attention.paths = key_paths(plan.token_rows, plan.cu_seqlens, plan.num_rows,
-                                             plan.row_ids.device)
+                                             plan.row_ids.device, diagonal=not self.triton)
 
     def __call__(self, q, k, v, meta, scale, past=None):
         paths = meta.paths

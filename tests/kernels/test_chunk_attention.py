@@ -53,11 +53,11 @@ def test_the_engine_with_chunk_tiles_is_invariant_and_exact(tiny_model_dir):
     engine.backend = InvariantAttention(torch.device("cuda"))  # the CUDA kernel choice, interpreted here
     assert engine.backend.triton
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, 400, 70).tolist()
+    prompt = rng.integers(0, 400, 150).tolist()  # past the first chunk: whole-chunk tiles too
     target = prompt + rng.integers(0, 400, 8).tolist()
     alone = engine.hidden_states([target], mode="off")[0]
     for mode in ("mlp", "full"):
-        batch = [prompt + rng.integers(0, 400, 5).tolist(), target, prompt[:20]]
+        batch = [prompt + rng.integers(0, 400, 5).tolist(), target, prompt[:140]]
         assert torch.equal(engine.hidden_states(batch, mode=mode)[1], alone)
     model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
