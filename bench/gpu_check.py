@@ -21,6 +21,9 @@ one command for a lent GPU machine. Sections (`--sections`, default all, in this
   `mlp`, `full`) on a tiny Qwen3 with head_dim 128 and GQA against a CPU float64 engine, including `[[7], [7]]`
   and a batch of more than 256 blocks; then every task head (rerank by yes/no logits and by a score head,
   embed, classify, score) the same way.
+* `invariance` (`gpu_engine_checks.py`): `batch_invariant` (issue 32): a sequence's final hidden states bitwise the
+  same alone and inside other batches, in every mode, prefix cache cold and warm, fp32 and bf16 (Triton chunk tiles,
+  fixed row tiles); the default engine's differences on the same batches noted beside.
 * `paper`: the paper's shape for correctness.
 * `timings` (CUDA events, warmups, medians): `gather_rows` vs `torch.index_select` on rows 16000 and 100000,
   widths 1024 and 2048, bf16; attention on 32 x (2048 shared + 256 unique) tokens with Qwen3-8B heads (32 query
@@ -59,7 +62,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
-from gpu_engine_checks import engine_checks, task_checks, warmup_timings
+from gpu_engine_checks import engine_checks, invariance_checks, task_checks, warmup_timings
 from gpu_report import CHECK_COLUMNS, TIMING_COLUMNS, Check, Report
 
 from radix_core.attention import AttentionMetadata, FlashAttention, TritonAttention
@@ -418,6 +421,7 @@ SECTIONS: dict[str, Callable[[Report, Run], None]] = {
     "kernels": kernel_checks,
     "engine": lambda report, run: engine_checks(report, run.attentions),
     "tasks": lambda report, run: task_checks(report, run.attentions),
+    "invariance": lambda report, run: invariance_checks(report, run.attentions),
     "paper": paper_checks,
     "timings": timings,
 }

@@ -201,3 +201,48 @@ def _relative_np(got: np.ndarray, expected: np.ndarray) -> float:
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.").replace("float", "fp").replace("bfp", "bf")
+
+
+def invariance_checks(report: Report, attentions) -> None:
+    """Batch-invariant mode on CUDA (issue 32): a target sequence's final hidden states alone (`off`, no cache)
+    against the same sequence inside other batches, in every mode, with the prefix cache cold and holding its
+    prompt: the error is the number of elements whose bits differ (tolerance 0); then alone against the CPU float64
+    engine. The default engine's count on the same batches is noted (how much the mode changes), not checked."""
+    report.section("Batch-invariant mode: a sequence's bits in any batch (error: elements that differ)", CHECK_COLUMNS)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(make_tiny_model(Path(tmp) / "base", "qwen3", "base", **MODEL))
+        reference = Engine.from_pretrained(model_dir, device="cpu", dtype=torch.float64, radix="off",
+                                           attention="torch")
+        rng = np.random.default_rng(5)
+        prompt = rng.integers(0, reference.arch.vocab_size, 150).tolist()
+        target = prompt + rng.integers(0, reference.arch.vocab_size, 70).tolist()
+        others = [prompt + rng.integers(0, reference.arch.vocab_size, n).tolist() for n in (9, 130, 40)]
+        batches = {"alone": [target], "3 sharing its prompt": others + [target],
+                   "after 300 blocks": many_blocks_batch(150) + [target]}
+        expected = reference.hidden_states([target])[0]
+        for dtype in (torch.float32, torch.bfloat16):
+            engine = Engine.from_pretrained(model_dir, device="cuda", dtype=dtype, batch_invariant=True)
+            default = Engine.from_pretrained(model_dir, device="cuda", dtype=dtype, attention="auto")
+            alone = engine.hidden_states([target], mode="off")[0]
+            report.guarded("batch_invariant alone vs CPU float64", "D=128, 4/2 heads", _name(dtype),
+                           ENGINE_TOLERANCE[dtype], lambda: _relative(alone, expected))
+            for name, seqs in batches.items():
+                for mode in MODES:
+                    for cached in (False, True):
+                        note = _differing(default, seqs, mode, cached, default.hidden_states([target], mode="off")[0])
+                        report.guarded(f"batch_invariant mode={mode} cache={'warm' if cached else 'cold'}",
+                                       f"{name}; default engine: {note:.0f} differ", _name(dtype), 0.0,
+                                       lambda: _differing(engine, seqs, mode, cached, alone))
+
+
+def _differing(engine: Engine, seqs: list[list[int]], mode: str, cached: bool, alone: torch.Tensor) -> float:
+    """Elements of the last sequence's final hidden states whose bits differ from `alone`; with `cached`, after two
+    batches that put its prompt in the prefix cache."""
+    if engine.prefix_cache is not None:
+        engine.prefix_cache.clear()
+        if cached:
+            for _ in range(2):
+                engine.hidden_states([seqs[-1][:150] + [1], seqs[-1][:150] + [2]], mode=mode)
+    got = engine.hidden_states(seqs, mode=mode)[-1]
+    return float((got.view(torch.int16 if got.element_size() == 2 else torch.int32)
+                  != alone.view(torch.int16 if alone.element_size() == 2 else torch.int32)).sum().item())

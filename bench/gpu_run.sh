@@ -11,7 +11,8 @@
 #   warmup-cold    Engine.warm_up with empty compile caches: what a first replica start compiles
 #   warmup-cached  the same in a new process, reading the caches the first one wrote
 #   kernels        Triton kernels and cascade against their references, incl. > 256 blocks; the paper's shape
-#   engine         the engine (off, mlp, full) and every task head against a CPU float64 engine
+#   engine         the engine (off, mlp, full) and every task head against a CPU float64 engine; batch_invariant
+#                  bitwise the same in any batch, mode and cache state (issue 32)
 #   flash          the same checks for flash-attn 4, only where its wheels were carried
 #   timings        gathers and attention on the paper's shape (flash-attn 4's too when installed)
 #
@@ -151,7 +152,7 @@ PARTS=(
   "warmup-cold 120 --sections warmup --attention $WARM"
   "warmup-cached 60 --sections warmup --attention $WARM"
   "kernels 120 --sections kernels paper --attention torch triton"
-  "engine 150 --sections engine tasks --attention torch triton"
+  "engine 170 --sections engine tasks invariance --attention torch triton"
 )
 [[ $ATTENTIONS == *flash* ]] && PARTS+=("flash 150 --sections kernels engine tasks paper --attention flash")
 PARTS+=("timings 120 --sections timings --attention $ATTENTIONS")

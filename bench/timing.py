@@ -23,10 +23,11 @@ class Timing:
         return f"{self.median:.3f} ({self.low:.3f}-{self.high:.3f})"
 
 
-def interleaved_timings(runners: dict[str, Callable[[], object]], repeats: int,
-                        warmup: bool = True) -> dict[str, Timing]:
+def interleaved_timings(runners: dict[str, Callable[[], object]], repeats: int, warmup: bool = True,
+                        clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Median, min and max seconds per runner over `repeats` rounds (after one warm-up call each); round r runs
-    the runners in their order rotated by r."""
+    the runners in their order rotated by r. `clock`: wall time, or `time.process_time` for CPU time (relative
+    costs on a shared machine, one torch thread)."""
     if warmup:
         for run in runners.values():
             run()
@@ -34,7 +35,7 @@ def interleaved_timings(runners: dict[str, Callable[[], object]], repeats: int,
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
+            start = clock()
             runners[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: Timing(float(np.median(t)), min(t), max(t)) for name, t in times.items()}

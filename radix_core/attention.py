@@ -31,12 +31,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from radix_core.engine_config import ATTENTION_CHOICES
 from radix_core.padded_blocks import PaddedGroup, PaddedPlan, padded_cascade, padded_prefix
+
+if TYPE_CHECKING:
+    from radix_core.invariant_attention import KeyPaths
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,7 @@ class AttentionMetadata:
     past: PrefixBlocks | None = None  # prefix cache hits: keys are rows of the layer's cached K/V
     qkv_scatter: torch.Tensor | None = None  # (N,) int64 `mlp` mode: compact -> original rows before attention
     out_gather: torch.Tensor | None = None  # (N',) int64 `mlp` mode: original -> compact rows after attention
+    paths: KeyPaths | None = None  # batch-invariant mode: each row's keys in fixed chunks (`InvariantAttention`)
 
     @cached_property
     def padded(self) -> PaddedPlan:
@@ -130,6 +135,10 @@ class AttentionBackend:
     # True where `attend` reads short prefix blocks' keys in causal blocks and merges none of them: radix auto's
     # cost model counts only the merges made (`ModeCosts.absorbs`)
     absorbs_short_prefixes = False
+
+    def prepare(self, plan) -> None:
+        """Add what this backend reads beyond the plan's blocks to `plan.attention`, once per batch (the
+        batch-invariant backend: each row's key path); nothing by default."""
 
     def __call__(self, q, k, v, meta: AttentionMetadata, scale: float,
                  past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -14,12 +14,18 @@ Modes (`radix`): "off" (ragged baseline), "mlp" (RadixMLP: position-wise work on
 batch's work, `radix_core.mode_cost`, measured on the device by `warm_up`; "off" when the compression `N'/N` is
 above `radix_threshold`; a batch without sharing runs "off" and pays only the index build).
 
+With `batch_invariant` (`EngineConfig`), a sequence's outputs are bitwise the same whatever shares its batch, in
+every mode, with or without the prefix cache: every `F.linear` (projections, MLP, heads) runs in fixed row tiles
+(`radix_core.invariant_matmul`) and attention over keys split at fixed positions
+(`radix_core.invariant_attention`).
+
 Across batches, `engine.prefix_cache` (`radix_core.prefix_cache`, budget `prefix_cache_bytes`, None when 0) keeps
 the K/V of prefixes seen twice; every mode reads them instead of computing those rows (`radix_core.cached_forward`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -38,6 +44,8 @@ from radix_core.engine_config import EngineConfig
 from radix_core.finish import finish_jobs
 from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
 from radix_core.forward_result import ForwardResult
+from radix_core.invariant_attention import InvariantAttention
+from radix_core.invariant_matmul import RowTiledLinear
 from radix_core.mode_calibration import calibrate, static_costs
 from radix_core.prefix_cache import PrefixCache, cache_budget
 from radix_core.prompt_encoding import PromptTokenizer, load_prompt_tokenizer
@@ -89,7 +97,9 @@ class Engine:
         self.radix = config.radix
         self.radix_threshold = config.radix_threshold
         self.attention = config.attention  # as asked for; `backend` is what runs
-        self.backend = make_backend(config.attention, device, dtype)
+        self.batch_invariant = config.batch_invariant
+        self.backend = InvariantAttention(device) if config.batch_invariant else make_backend(config.attention, device,
+                                                                                        dtype)
         self.model = model
         self.prompts = prompts  # the tokenizer, for the text tasks; None for a model without one
         self.task_config = task_config or TaskConfig()
@@ -128,6 +138,7 @@ class Engine:
             "radix_costs": self.mode_costs.source,  # where auto's cost model comes from (calibrated or static)
             "max_seq_len": self.arch.max_seq_len,
             "prefix_cache_bytes": self.prefix_cache.budget_bytes if self.prefix_cache is not None else 0,
+            "batch_invariant": self.batch_invariant,
         }
 
     @property
@@ -179,7 +190,7 @@ class Engine:
             self.forward([[1, 2, 3], [1, 2, 4]])
             self.prefix_cache.clear()
         self.check_device()  # waits for the queued work
-        if self.radix == "auto":
+        if self.radix == "auto" and not self.batch_invariant:  # its probes time the default backends' calls
             self.mode_costs = calibrate(self.arch, self.backend, self.limits, self.device, self.dtype)
         return time.perf_counter() - started
 
@@ -201,6 +212,7 @@ class Engine:
         for sequences in warm_up_batches(self.arch.max_seq_len):
             for mode in modes:
                 plan = self._plan(self.prepare(sequences, mode))
+                self.backend.prepare(plan)
                 rows = plan.num_rows
                 self.backend(random(rows, heads), random(rows, kv_heads), random(rows, kv_heads), plan.attention,
                              attn.scaling)
@@ -214,11 +226,18 @@ class Engine:
         """The device half: lay the prepared batch out on the device and run the layers. With the prefix cache,
         rows it holds are read instead of computed (`radix_core.cached_forward`); `scopes`: the cache tree of each
         sequence (e.g. its API key), None for one shared tree."""
-        if self.prefix_cache is None:
-            plan = self._plan(prepared)
-            return ForwardResult(prepared, plan, run_layers(self.arch, plan, self.backend), self.arch.head_module)
-        plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes)
+        with self.numerics():
+            if self.prefix_cache is None:
+                plan = self._plan(prepared)
+                hidden = run_layers(self.arch, plan, self.backend)
+            else:
+                plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes)
         return ForwardResult(prepared, plan, hidden, self.arch.head_module)
+
+    def numerics(self) -> contextlib.AbstractContextManager:
+        """The context the model's matmuls run in: fixed row tiles in batch-invariant mode, else as torch runs
+        them."""
+        return RowTiledLinear() if self.batch_invariant else contextlib.nullcontext()
 
     def _plan(self, prepared: PreparedBatch) -> BatchPlan:
         """The prepared batch laid out on the device for its mode."""
@@ -272,7 +291,9 @@ class Engine:
                              f"tokens): prepare exactly the concatenation of the jobs' sequences, in job order")
         if scopes is not None:
             scopes = [scope for job, scope in zip(jobs, scopes) for _ in range(len(job.sequences))]
-        return finish_jobs(self.run(prepared, scopes), jobs)
+        result = self.run(prepared, scopes)
+        with self.numerics():
+            return finish_jobs(result, jobs)
 
     def answer(self, request: TaskRequest) -> Any:
         """The result of one request of any task (`RerankRequest`, ...) as a batch of its own: `Task.encode`,
@@ -315,7 +336,8 @@ class Engine:
         counts = [len(p) for p in positions]
         sequences = np.repeat(np.arange(len(positions)), counts)  # (P,)
         flat = np.array([p for ps in positions for p in ps], dtype=np.int64)  # (P,)
-        out = torch.from_numpy(result.head_outputs(result.rows(sequences, flat)))  # (P, out)
+        with self.numerics():
+            out = torch.from_numpy(result.head_outputs(result.rows(sequences, flat)))  # (P, out)
         return list(out.split(counts))
 
 

@@ -33,7 +33,10 @@ class EngineConfig:
     (flash-attn on CUDA in half precision when it loads, else Triton on CUDA, torch on the CPU), "torch",
     "flash" or "triton". `prefix_cache_bytes`: the budget of the prefix K/V cache kept across batches
     (`radix_core.prefix_cache`), "auto" (256 MiB on the CPU, 30% of the device memory free after loading on
-    CUDA), a number of bytes, or 0 for none.
+    CUDA), a number of bytes, or 0 for none. `batch_invariant`: a sequence's outputs bitwise the same whatever else
+    is in its batch, whichever radix mode runs, whether its prefix came from the prefix cache (matmuls in fixed
+    row tiles, `radix_core.invariant_matmul`; attention over keys split at fixed positions,
+    `radix_core.invariant_attention`, which replaces the `attention` backend: leave that "auto").
     """
 
     device: str = "auto"
@@ -42,6 +45,7 @@ class EngineConfig:
     radix_threshold: float = DEFAULT_RADIX_THRESHOLD
     attention: str = "auto"
     prefix_cache_bytes: int | str = "auto"
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("radix", self.radix, RADIX_CHOICES)
@@ -51,6 +55,11 @@ class EngineConfig:
         if not 0.0 <= self.radix_threshold <= 1.0:
             raise ValueError(f"radix_threshold is a compression N'/N between 0 and 1, got {self.radix_threshold}")
         check_cache_budget(self.prefix_cache_bytes)
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant is true or false, got {self.batch_invariant!r}")
+        if self.batch_invariant and self.attention != "auto":
+            raise ValueError(f"batch_invariant runs its own attention (radix_core.invariant_attention), not "
+                             f"attention={self.attention!r}: leave attention 'auto' or turn batch_invariant off")
 
 
 def check_cache_budget(setting: int | str) -> None:

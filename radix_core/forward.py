@@ -123,6 +123,7 @@ def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -
     """(R + C, hidden) final-normed hidden states of the plan's computed rows, then of its cached rows."""
     if plan.num_rows == 0:  # every token's row is cached
         return plan.past.states()
+    backend.prepare(plan)
     h = arch.embed_tokens(plan.row_ids)  # (R, hidden)
     cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, head_dim) each
     cos, sin = cos[0], sin[0]  # (R, head_dim)

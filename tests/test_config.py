@@ -149,6 +149,9 @@ def test_unknown_keys_are_named_with_a_suggestion_at_every_level(args, message):
     ({"engine": {"radix_threshold": 1.5}}, "radix_threshold is a compression N'/N between 0 and 1"),
     ({"engine": {"radix_threshold": "high"}}, r"engine.radix_threshold\n.*valid number"),
     ({"engine": {"device": "cuda:1"}}, "engine.device must be auto .* or cpu, got 'cuda:1'"),
+    ({"engine": {"batch_invariant": True, "attention": "flash"}},
+     "batch_invariant runs its own attention .* not attention='flash'"),
+    ({"engine": {"batch_invariant": "sometimes"}}, r"engine.batch_invariant\n.*valid boolean"),
     ({"tasks": {"max_items": 0}}, "max_items must be at least 1"),
     ({"tasks": {"templates": {"rerank": {"prefix": "p", "body": "no field", "suffix": "s"}}}},
      r"the rerank body must contain \{document\} exactly once"),
@@ -184,6 +187,14 @@ def test_library_configs_are_the_objects_themselves():
     """A section takes its config object as well as a dict of its fields (Python callers, tests)."""
     engine = EngineConfig(radix="full")
     assert AppArgs(model="m", engine=engine).engine is engine
+
+
+def test_batch_invariant_from_the_yaml_reaches_the_replicas_engine_config():
+    from deployments.placement import ClusterShape, engine_config
+
+    args = AppArgs.model_validate({"model": "m", "engine": {"batch_invariant": True}})
+    assert engine_config(args, ClusterShape()).batch_invariant is True
+    assert EngineConfig().batch_invariant is False
 
 
 # --- a custom template, from the YAML to the engine -----------------------------------------------------------------

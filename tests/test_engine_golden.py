@@ -16,6 +16,7 @@ HEADS = ["causal_lm", "seq_cls", "base"]
 # runs it, and tests/test_mode_cost.py checks that it gives exactly the outputs of the mode it picked.
 MODES = ["off", "mlp", "full"]
 VOCAB = 400  # below every tiny model's vocabulary
+INVARIANT = {"default": {}, "batch_invariant": {"batch_invariant": True}}  # engine settings of the heads' tests
 
 
 def golden_batches() -> dict[str, list[list[int]]]:
@@ -95,25 +96,37 @@ def test_position_wise_work_in_row_chunks_equals_transformers(engines, reference
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", MODES)
-def test_lm_logits_equal_transformers(engines, tiny_model_dir, family, mode):
+def test_batch_invariant_hidden_states_equal_transformers(engines, reference, family, mode):
+    """`batch_invariant` (fixed row tiles, keys in fixed chunks) is the same function as the model, within 1e-4."""
+    engine = engines(family, "base", batch_invariant=True)
+    for name, batch in BATCHES.items():
+        for g, w in zip(engine.hidden_states(batch, mode=mode), reference(family, name)):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("setting", list(INVARIANT))
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", MODES)
+def test_lm_logits_equal_transformers(engines, tiny_model_dir, family, mode, setting):
     batch = BATCHES["duplicates-and-prefixes"] + BATCHES["long-shared-prefix"] + BATCHES["prefix-groups-of-depths"]
     positions = [[0, -1], [-1], [1, 2, -1], [-1], [0], [3, -2, -1], [-1, 0], [-1], [-1], [5, -1]]
     positions += [[-1, 45], [0, -1], [-1], [-1], [-2, -1], [-1], [50, -1], [-1], [-1]]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(family, "causal_lm"), dtype=torch.float32).eval()
-    got = engines(family, "causal_lm").lm_logits(batch, positions, mode=mode)
+    got = engines(family, "causal_lm", **INVARIANT[setting]).lm_logits(batch, positions, mode=mode)
     for seq, pos, g in zip(batch, positions, got):
         with torch.no_grad():
             logits = model(torch.tensor([seq])).logits[0]  # (L, vocab)
         torch.testing.assert_close(g, logits[pos], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("setting", list(INVARIANT))
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", MODES)
-def test_classification_scores_equal_transformers(engines, tiny_model_dir, family, mode):
+def test_classification_scores_equal_transformers(engines, tiny_model_dir, family, mode, setting):
     batch = BATCHES["long-shared-prefix"] + BATCHES["single-tokens"] + BATCHES["prefix-groups-of-depths"]
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir(family, "seq_cls"),
                                                                dtype=torch.float32).eval()
-    got = engines(family, "seq_cls").classification_scores(batch, mode=mode)
+    got = engines(family, "seq_cls", **INVARIANT[setting]).classification_scores(batch, mode=mode)
     with torch.no_grad():
         want = torch.cat([model(torch.tensor([s])).logits for s in batch])  # (B, 1)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -135,8 +148,9 @@ def test_batch_equals_per_sequence(engines, mode):
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("setting", list(INVARIANT))
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_bfloat16_within_bf16_tolerance(engines, tiny_model_dir, reference, family):
+def test_bfloat16_within_bf16_tolerance(engines, tiny_model_dir, reference, family, setting):
     """bf16 engine vs transformers in bf16: no further from the float32 truth than transformers itself."""
     model = AutoModel.from_pretrained(tiny_model_dir(family, "base"), dtype=torch.bfloat16).eval()
     batch = BATCHES["long-shared-prefix"]
@@ -144,7 +158,7 @@ def test_bfloat16_within_bf16_tolerance(engines, tiny_model_dir, reference, fami
         hf = [model(torch.tensor([s])).last_hidden_state[0].float() for s in batch]
     truth = reference(family, "long-shared-prefix")
     hf_error = max((h - t).abs().mean().item() for h, t in zip(hf, truth))
-    engine = engines(family, "base", dtype="bfloat16")
+    engine = engines(family, "base", dtype="bfloat16", **INVARIANT[setting])
     for mode in ("off", "mlp", "full"):
         got = engine.hidden_states(batch, mode=mode)
         for g, h, t in zip(got, hf, truth):
