@@ -20,6 +20,7 @@ from radix_core.batch import PreparedBatch
 from radix_core.cached_rows import CachedPrefix, KeptRows
 from radix_core.cascade import CascadePlan
 from radix_core.index import sequence_positions
+from radix_core.invariant_matmul import row_tile
 
 
 @dataclass
@@ -163,7 +164,6 @@ def _attention(arch, i, layer, h, cos, sin, plan, backend, chunks: list[slice]) 
 
 
 CHUNK_BYTES = 1 << 20  # the widest activation of a chunk of rows (the MLP's intermediate), on the CPU
-MIN_CHUNK_ROWS = 16
 
 
 def chunk_rows(arch: Architecture, h: torch.Tensor) -> int | None:
@@ -172,11 +172,13 @@ def chunk_rows(arch: Architecture, h: torch.Tensor) -> int | None:
     accelerator, all rows at once (None). Measured on the CPU, one thread, CPU time (1 MiB was the best of 256 KiB
     to 4 MiB): a 1,000-document rerank of the `tiny` preset (55,000 rows, whose elementwise ops ran 2-2.5x slower
     on all rows at once than on 125-document batches) 1.34 -> 0.97 s; the `bench` preset's engine shapes 6-9%
-    faster in `full` and 10-24% in `off`."""
+    faster in `full` and 10-24% in `off`. Rounded up to a multiple of the batch-invariant mode's gemm tile
+    (`invariant_matmul.row_tile`), so that mode pads no chunk but the last."""
     if h.device.type != "cpu":
         return None
     width = max(arch.config.intermediate_size, arch.hidden_size)
-    return max(MIN_CHUNK_ROWS, CHUNK_BYTES // (width * h.element_size()))
+    rows, tile = CHUNK_BYTES // (width * h.element_size()), row_tile(h.dtype)
+    return max(1, -(-rows // tile)) * tile
 
 
 def row_chunks(rows: int, chunk: int | None) -> list[slice]:

@@ -87,9 +87,9 @@ def test_hidden_states_equal_transformers(engines, reference, family, mode, name
 @pytest.mark.parametrize("name", ["long-shared-prefix", "prefix-groups-of-depths"])
 def test_position_wise_work_in_row_chunks_equals_transformers(engines, reference, monkeypatch, family, mode, name):
     """On the CPU the layers run position-wise work chunk by chunk of rows (`forward.chunk_rows`); the golden
-    batches fit one chunk, so here every chunk is MIN_CHUNK_ROWS rows."""
-    monkeypatch.setattr(forward, "CHUNK_BYTES", 1)
-    assert sum(map(len, BATCHES[name])) > 4 * forward.MIN_CHUNK_ROWS  # several chunks
+    batches fit one chunk, so here every chunk is 16 rows."""
+    monkeypatch.setattr(forward, "chunk_rows", lambda arch, h: 16)
+    assert sum(map(len, BATCHES[name])) > 4 * 16  # several chunks
     got = engines(family, "base").hidden_states(BATCHES[name], mode=mode)
     for g, w in zip(got, reference(family, name), strict=True):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
