@@ -26,7 +26,7 @@ class RowShape:
 
     @classmethod
     def of(cls, arch: Architecture, dtype: torch.dtype, device: torch.device) -> RowShape:
-        attn = arch.layers[0].self_attn
+        attn = arch.attention_layers[0]
         return cls(len(arch.layers), attn.k_proj.out_features // attn.head_dim, attn.head_dim, arch.hidden_size,
                    dtype, device)
 
