@@ -187,6 +187,15 @@ def test_a_multimodal_checkpoint_runs_as_its_text_model(model_dir, tmp_path, mod
         torch.testing.assert_close(g, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("config", ["3:1", "linear-only"])
+def test_warm_up_calibrates_auto(model_dir, config):
+    """The warm-up's attention kernels and auto's cost model, for a model with and without attention layers."""
+    hybrid = Engine.from_pretrained(str(model_dir(config)), device="cpu", radix="auto", prefix_cache_bytes=0)
+    hybrid.warm_up()
+    assert hybrid.mode_costs.source.startswith("calibrated") and hybrid.mode_costs.rows > 0
+    assert hybrid.prepare(BATCH).mode in ("off", "mlp", "full")
+
+
 def test_prefix_cache_is_refused_for_hybrid_models(model_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="radix_core.engine"):
         hybrid = Engine.from_pretrained(str(model_dir("3:1")), device="cpu", prefix_cache_bytes=1 << 20)
