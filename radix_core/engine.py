@@ -21,7 +21,6 @@ the K/V of prefixes seen twice; every mode reads them instead of computing those
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
@@ -65,7 +64,6 @@ from radix_core.tokens import TokenSequences
 WARM_UP_LONG = 512  # rows of warm_up's long blocks: past every flash-attn 4 query tile (at most 2 x 192 rows)
 WARM_UP_MANY = 257  # blocks of warm_up's many-block batches: past flash-attn 4's BIN_BATCH_SEARCH_THRESH (256)
 M = TypeVar("M", bound=Callable)
-log = logging.getLogger(__name__)
 
 
 def takes(request: type[TaskRequest]) -> Callable[[M], M]:
@@ -98,20 +96,9 @@ class Engine:
         self.task_config = task_config or TaskConfig()
         # how radix "auto" chooses; warm_up measures them
         self.mode_costs = static_costs(arch, device, dtype, self.backend.absorbs_short_prefixes)
-        self.prefix_cache = self._prefix_cache(config.prefix_cache_bytes)  # K/V of prefixes across batches
-
-    def _prefix_cache(self, setting: int | str) -> PrefixCache | None:
-        """The prefix cache `prefix_cache_bytes` asks for; None for 0, and for hybrid models, whose cache would
-        have to hold the Gated DeltaNet state at every cached segment's end (not done yet: said in the log)."""
-        if self.arch.hybrid:
-            if setting != 0:
-                log.warning("prefix cache off: %s models keep a recurrent state the cache does not hold yet "
-                            "(prefix_cache_bytes=%r ignored); shared prefixes are still computed once per batch",
-                            self.arch.family, setting)
-            return None
-        shape = RowShape.of(self.arch, self.dtype, self.device)
-        budget = cache_budget(setting, shape)
-        return PrefixCache(shape, budget) if budget else None
+        shape = RowShape.of(arch, dtype, device)
+        budget = cache_budget(config.prefix_cache_bytes, shape)
+        self.prefix_cache = PrefixCache(shape, budget) if budget else None  # K/V of prefixes across batches
 
     @classmethod
     def from_pretrained(cls, model: str, config: EngineConfig | None = None,

@@ -3,8 +3,6 @@ run one sequence at a time, on random tries too, and a batch equals its sequence
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import torch
@@ -196,8 +194,64 @@ def test_warm_up_calibrates_auto(model_dir, config):
     assert hybrid.prepare(BATCH).mode in ("off", "mlp", "full")
 
 
-def test_prefix_cache_is_refused_for_hybrid_models(model_dir, caplog):
-    with caplog.at_level(logging.WARNING, logger="radix_core.engine"):
-        hybrid = Engine.from_pretrained(str(model_dir("3:1")), device="cpu", prefix_cache_bytes=1 << 20)
-    assert hybrid.prefix_cache is None and hybrid.info["prefix_cache_bytes"] == 0
-    assert "prefix cache off" in caplog.text and "qwen3_5_text" in caplog.text
+@pytest.fixture(scope="module")
+def cached(model_dir):
+    """`cached(mode, budget)`: a 3:1 engine with a cold prefix cache of `budget` bytes ("auto": 256 MiB)."""
+    built = {}
+
+    def get(mode: str, budget="auto") -> Engine:
+        if (mode, budget) not in built:
+            built[mode, budget] = Engine.from_pretrained(str(model_dir("3:1")), device="cpu", radix=mode,
+                                                         prefix_cache_bytes=budget)
+        built[mode, budget].prefix_cache.clear()
+        return built[mode, budget]
+
+    return get
+
+
+def assert_alone(engine: Engine, reference: Engine, batch: list[list[int]], **run) -> np.ndarray:
+    """`batch` through `engine` (cache on) equals each sequence alone through `reference` (cache off); returns
+    the cached lengths."""
+    result = engine.run(engine.prepare(batch), **run)
+    per_token = result.hidden.index_select(0, result.plan.row_of_token)  # (N, hidden)
+    for got, seq in zip(per_token.split(np.diff(result.plan.cu_seqlens).tolist()), batch, strict=True):
+        torch.testing.assert_close(got, reference.hidden_states([seq], mode="off")[0], atol=1e-4, rtol=1e-4)
+    return result.cached_lengths
+
+
+@pytest.mark.parametrize("mode", ["off", "mlp", "full"])
+def test_the_cache_continues_at_any_segment_end(cached, engine, mode):
+    """Batch 1 caches prompt + query 1 as one segment, its recurrent state at its end. Batch 2 leaves it after the
+    prompt: the walk splits it, the prompt has no state of its own yet, so batch 2 computes the prompt and keeps
+    the state at its end; batch 3 continues from there, and a sequence ending inside the prompt reads it."""
+    rng = np.random.default_rng(3)
+    tokens = lambda n: rng.integers(0, VOCAB, n).tolist()  # noqa: E731
+    prompt, q1, q2, q3 = tokens(37), tokens(5), tokens(3), tokens(1)
+    hybrid, reference = cached(mode), engine("3:1")
+    batches = [[prompt + q1 + tokens(4), prompt + q1 + tokens(2)], [prompt + q2 + tokens(6), prompt + q2],
+               [prompt + q3 + tokens(5), prompt + q2 + tokens(1)], [prompt + q2 + tokens(2), prompt[:20]]]
+    lengths = [assert_alone(hybrid, reference, batch).tolist() for batch in batches]
+    assert lengths == [[0, 0], [0, 0], [37, 40], [40, 20]]
+    stats, shape = hybrid.prefix_cache.stats(), hybrid.prefix_cache.shape
+    ends = sum(segment.end is not None for segment in hybrid.prefix_cache._resident)
+    assert ends == stats.segments and stats.bytes == stats.inserted_tokens * shape.bytes + ends * shape.ends.bytes
+
+
+@pytest.mark.parametrize("mode", ["off", "full"])
+def test_scopes_and_evictions_keep_the_cache_exact(cached, engine, mode):
+    """Scope a has the prompt cached, scope b not, in one batch; then a budget of a few prompts evicts."""
+    rng = np.random.default_rng(4)
+    tokens = lambda n: rng.integers(0, VOCAB, n).tolist()  # noqa: E731
+    prompt, reference = tokens(30), engine("3:1")
+    hybrid = cached(mode)
+    assert_alone(hybrid, reference, [prompt + tokens(4), prompt + tokens(5)], scopes=["a", "a"])
+    lengths = assert_alone(hybrid, reference, [prompt + tokens(6), prompt + tokens(7), prompt[:10]],
+                           scopes=["a", "b", "a"])
+    assert lengths.tolist() == ([30, 0, 10] if mode == "off" else [0, 0, 0])
+    shape = hybrid.prefix_cache.shape
+    small = cached(mode, 60 * shape.bytes + 3 * shape.ends.bytes)
+    prompts = [tokens(25) for _ in range(3)]
+    for which in (0, 1, 0, 2, 0, 1):
+        assert_alone(small, reference, [prompts[which] + tokens(n) for n in (3, 5)])
+        assert small.prefix_cache.stats().bytes <= small.prefix_cache.budget_bytes
+    assert small.prefix_cache.stats().evictions > 0 and small.prefix_cache.stats().hit_tokens > 0
