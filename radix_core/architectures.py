@@ -24,7 +24,7 @@ from transformers import (
 SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_5_text", "qwen3_next")
 HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_next")  # Gated DeltaNet and gated attention layers: radix_core.hybrid_layers
 # multimodal checkpoints whose text model we run, read as that model's family (text inputs only)
-MULTIMODAL_FAMILIES = {"qwen3_5": "qwen3_5_text"}
+MULTIMODAL_FAMILIES = ("qwen3_5",)
 HEADS = {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClassification, "base": AutoModel}
 
 

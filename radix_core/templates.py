@@ -24,8 +24,8 @@ Defaults (`DEFAULT_TEMPLATES`, keyed by (task, model_type, head) with "*" as a w
   exactly what a cross-encoder (sentence-transformers `CrossEncoder`, a text-classification pipeline with
   `text_pair`) feeds the model: `[CLS] q [SEP] d [SEP]` for BERT-style tokenizers, the plain concatenation of the
   two encodings for Qwen/Llama tokenizers, which define no pair template. No instruction.
-* embed, qwen3: Qwen3-Embedding (last-token pooling), `Instruct: {instruction}\\nQuery:{text}` for queries (given an instruction),
-  plain text otherwise, then `<|endoftext|>` (the token the Qwen3-Embedding tokenizer appends).
+* embed, qwen3: Qwen3-Embedding (last-token pooling), `Instruct: {instruction}\\nQuery:{text}` for queries (given an
+  instruction), plain text otherwise, then `<|endoftext|>` (the token the Qwen3-Embedding tokenizer appends).
 * embed, any other model: plain text; an instruction needs a template from config.
 
 Anything else, e.g. rerank with a Llama causal LM, fails with `TemplateNotFound`, which says how to pass one:
