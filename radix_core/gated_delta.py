@@ -12,8 +12,11 @@ in `off`) the recurrence of every root-to-leaf path is a recurrence along the fo
 * **Chains**: maximal runs of rows in which each row's parent is the row before it, split after every branching
   row (the segments of `radix_core.cascade`). A chain's first row's parent is the last row of its parent chain,
   so a chain starts from its parent chain's final state. Chains of one depth (ancestor chains above them) are
-  independent: one call of the chunked rule per depth, the chains padded to the depth's longest with steps that
-  leave the state as it is (k = v = 0, beta = 0, g = 0: decay 1, no update), `initial_state` per chain.
+  independent: one call of the chunked rule per depth and per number of the rule's 64-row chunks a chain needs
+  (the rule pads each chain to whole chunks anyway, so a 1-token chain next to a 300-token one costs one chunk,
+  not five), the chains of a call padded to its longest with steps that leave the state as it is (k = v = 0,
+  beta = 0, g = 0: decay 1, no update), `initial_state` per chain. Final states are kept only for chains with
+  children (and at cuts).
 
 This is the function transformers computes per sequence, up to float reassociation (its chunks of 64 start at
 position 0, ours at each chain's first row). The rule itself is the family's own torch reference
@@ -37,15 +40,21 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 
+CHUNK = 64  # the rows of the rule's chunks (`torch_chunk_gated_delta_rule`'s default `chunk_size`)
+
+
 @dataclass
 class ChainLevel:
-    """The chains of one depth, padded to the longest; on the engine's device."""
+    """One call of the rule: chains of one depth and one number of chunks, padded to the longest; on the engine's
+    device. Parent chains' final states are in a store of slots, one per chain with children."""
 
     rows: torch.Tensor  # (S, L) int64 rows of each chain, padded with R (the zero row)
     valid: torch.Tensor  # (S, L) bool the real steps
-    parents: torch.Tensor | None  # (S,) int64 each chain's parent chain in the previous level; None at depth 0
+    parent_slots: torch.Tensor | None  # (S,) int64 each chain's parent chain's slot; None at depth 0
     sources: torch.Tensor | None = None  # depth 0 with cached paths: (S,) int64 cached state of each, -1 none
-    cut_chains: torch.Tensor | None = None  # (c,) int64 chains of this level that end at a cut row
+    stored: torch.Tensor | None = None  # (c,) int64 chains of this call with children
+    slots: torch.Tensor | None = None  # (c,) int64 their slots
+    cut_chains: torch.Tensor | None = None  # (c,) int64 chains of this call that end at a cut row
     cut_order: torch.Tensor | None = None  # (c,) int64 their cut rows' places in `cuts`
 
 
@@ -56,7 +65,8 @@ class RecurrencePlan:
     num_rows: int
     window: torch.Tensor  # (R, kernel) int64 rows of each row's window, oldest first: R is the zero row, R + 1 +
     # p (kernel - 1) + i the cached tail p's row i
-    levels: list[ChainLevel]
+    levels: list[ChainLevel]  # the calls, shallowest depth first
+    num_slots: int = 0  # chains with children
     cuts: torch.Tensor | None = None  # (E,) int64 rows whose state and tail enter the cache
 
 
@@ -102,17 +112,18 @@ def recurrence_plan(parent: np.ndarray, kernel: int, device: torch.device, sourc
         back = np.where(enters, 1, back)
         ancestor = up
     cuts = np.zeros(0, dtype=np.int64) if cuts is None else cuts
-    levels = _chain_levels(parent, source, cuts, device)
-    return RecurrencePlan(num_rows, torch.from_numpy(window).to(device), levels,
+    levels, num_slots = _chain_levels(parent, source, cuts, device)
+    return RecurrencePlan(num_rows, torch.from_numpy(window).to(device), levels, num_slots,
                           torch.from_numpy(cuts).to(device) if cuts.size else None)
 
 
 def _chain_levels(parent: np.ndarray, source: np.ndarray, cuts: np.ndarray,
-                  device: torch.device) -> list[ChainLevel]:
-    """The chains of the forest (module docstring), grouped by depth, shallowest first."""
+                  device: torch.device) -> tuple[list[ChainLevel], int]:
+    """The calls over the chains of the forest (module docstring), by depth, shallowest first, and the number of
+    state slots (chains with children)."""
     num_rows = parent.shape[0]
     if num_rows == 0:
-        return []
+        return [], 0
     children = np.bincount(parent[parent >= 0], minlength=num_rows)  # (R,)
     rows = np.arange(num_rows)
     cut = np.zeros(num_rows, dtype=bool)
@@ -130,29 +141,40 @@ def _chain_levels(parent: np.ndarray, source: np.ndarray, cuts: np.ndarray,
     while (up >= 0).any():
         depth += up >= 0
         up = np.where(up >= 0, chain_parent[np.maximum(up, 0)], -1)
-    position = np.empty_like(depth)  # (S,) each chain's place in its level
+    has_children = np.zeros(chain_start.shape[0], dtype=bool)
+    has_children[chain_parent[chain_parent >= 0]] = True
+    slot = np.where(has_children, np.cumsum(has_children) - 1, -1)  # (S,)
     chain_end = chain_start + lengths - 1  # (S,) last rows
     cut_order = np.full(num_rows, -1, dtype=np.int64)
     cut_order[cuts] = np.arange(cuts.shape[0])
-    levels = []
-    for d in range(int(depth.max()) + 1):
-        chains = np.flatnonzero(depth == d)  # (S_d,)
-        position[chains] = np.arange(chains.shape[0])
-        width = int(lengths[chains].max())
-        steps = np.arange(width)  # (L,)
-        valid = steps[None, :] < lengths[chains, None]  # (S_d, L)
-        padded = np.where(valid, chain_start[chains, None] + steps[None, :], num_rows)  # (S_d, L)
-        level = ChainLevel(torch.from_numpy(padded).to(device), torch.from_numpy(valid).to(device),
-                           None if d == 0 else torch.from_numpy(position[chain_parent[chains]]).to(device))
-        cached = source[chain_start[chains]]  # (S_d,) roots' cached states, -1 none (always -1 below depth 0)
-        if (cached >= 0).any():
-            level.sources = torch.from_numpy(cached).to(device)
-        ending = np.flatnonzero(cut[chain_end[chains]])  # (c,) places in the level
-        if ending.size:
-            level.cut_chains = torch.from_numpy(ending).to(device)
-            level.cut_order = torch.from_numpy(cut_order[chain_end[chains[ending]]]).to(device)
-        levels.append(level)
-    return levels
+    chunks = -(-lengths // CHUNK)  # (S,)
+    order = np.lexsort((chunks, depth))  # (S,) by depth, then by chunks
+    groups = np.flatnonzero(np.diff(depth[order]) | np.diff(chunks[order])) + 1
+    levels = [_call(chains, d, chain_start, lengths, chain_parent, slot, source, cut, chain_end, cut_order, num_rows,
+                    device) for chains in np.split(order, groups) for d in [int(depth[chains[0]])]]
+    return levels, int(has_children.sum())
+
+
+def _call(chains: np.ndarray, depth: int, chain_start: np.ndarray, lengths: np.ndarray, chain_parent: np.ndarray,
+          slot: np.ndarray, source: np.ndarray, cut: np.ndarray, chain_end: np.ndarray, cut_order: np.ndarray,
+          num_rows: int, device: torch.device) -> ChainLevel:
+    """The call over `chains` (S_c,), all of depth `depth`."""
+    upload = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    width = int(lengths[chains].max())
+    steps = np.arange(width)  # (L,)
+    valid = steps[None, :] < lengths[chains, None]  # (S_c, L)
+    padded = np.where(valid, chain_start[chains, None] + steps[None, :], num_rows)  # (S_c, L)
+    call = ChainLevel(upload(padded), upload(valid), None if depth == 0 else upload(slot[chain_parent[chains]]))
+    cached = source[chain_start[chains]]  # (S_c,) roots' cached states, -1 none (always -1 below depth 0)
+    if (cached >= 0).any():
+        call.sources = upload(cached)
+    stored = np.flatnonzero(slot[chains] >= 0)  # (c,) places in the call
+    if stored.size:
+        call.stored, call.slots = upload(stored), upload(slot[chains[stored]])
+    ending = np.flatnonzero(cut[chain_end[chains]])  # (c,) places in the call
+    if ending.size:
+        call.cut_chains, call.cut_order = upload(ending), upload(cut_order[chain_end[chains[ending]]])
+    return call
 
 
 @dataclass
@@ -191,18 +213,20 @@ def gated_delta_along_chains(module: nn.Module, q: torch.Tensor, k: torch.Tensor
     rule = sys.modules[type(module).__module__].torch_chunk_gated_delta_rule
     padded = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in (q, k, v, g, beta)]  # (R + 1, ...) each
     out = v.new_empty(plan.num_rows + 1, *v.shape[1:])  # (R + 1, Hv, Dv); the last row takes the padding
-    cut_states = None if plan.cuts is None else q.new_empty(plan.cuts.shape[0], v.shape[1], q.shape[2], v.shape[2],
-                                                            dtype=torch.float32)  # (E, Hv, Dk, Dv)
-    final = None
+    state = (v.shape[1], q.shape[2], v.shape[2])  # (Hv, Dk, Dv)
+    store = q.new_empty(plan.num_slots, *state, dtype=torch.float32)  # parent chains' final states
+    cut_states = None if plan.cuts is None else q.new_empty(plan.cuts.shape[0], *state, dtype=torch.float32)
     for level in plan.levels:
         steps = [t[level.rows] for t in padded]  # (S, L, ...) each
-        initial = None if level.parents is None else final.index_select(0, level.parents)  # (S, Hv, Dk, Dv)
+        initial = None if level.parent_slots is None else store.index_select(0, level.parent_slots)  # (S, Hv, ...)
         if level.sources is not None:  # roots continuing cached paths; the others start from zeros
             known = torch.cat([past.states, past.states.new_zeros(1, *past.states.shape[1:])])  # (P + 1, ...)
             initial = known[torch.where(level.sources >= 0, level.sources, past.states.shape[0])]
         level_out, final = rule(*steps[:3], g=steps[3], beta=steps[4], initial_state=initial,
                                 output_final_state=True, use_qk_l2norm_in_kernel=True)  # (S, L, Hv, Dv)
         out[level.rows[level.valid]] = level_out[level.valid]
+        if level.stored is not None:
+            store[level.slots] = final.index_select(0, level.stored)
         if level.cut_chains is not None:
             cut_states[level.cut_order] = final.index_select(0, level.cut_chains)
     return out[:plan.num_rows], cut_states

@@ -162,9 +162,11 @@ def test_chains_start_from_their_parents_state():
     parent = np.array([-1, 0, 1, 2, 3, 2, 3])
     plan = recurrence_plan(parent, kernel=4, device=torch.device("cpu"))
     assert [level.rows.tolist() for level in plan.levels] == [[[0, 1, 2]], [[3], [5]], [[4], [6]]]
-    assert plan.levels[1].parents.tolist() == [0, 0]
-    assert plan.levels[2].parents.tolist() == [0, 0]
+    assert plan.num_slots == 2 and plan.levels[0].slots.tolist() == [0] and plan.levels[1].slots.tolist() == [1]
+    assert plan.levels[1].parent_slots.tolist() == [0, 0] and plan.levels[2].parent_slots.tolist() == [1, 1]
     assert plan.window[6].tolist() == [1, 2, 3, 6] and plan.window[1].tolist() == [7, 7, 0, 1]
+    long = recurrence_plan(np.array([-1, *range(69), -1, 70]), kernel=4, device=torch.device("cpu"))
+    assert [level.valid.sum(1).tolist() for level in long.levels] == [[2], [70]]  # one call per number of chunks
 
 
 @pytest.mark.parametrize("mode", ["off", "full"])
@@ -187,10 +189,11 @@ def test_a_multimodal_checkpoint_runs_as_its_text_model(model_dir, tmp_path, mod
 
 @pytest.mark.parametrize("config", ["3:1", "linear-only"])
 def test_warm_up_calibrates_auto(model_dir, config):
-    """The warm-up's attention kernels and auto's cost model, for a model with and without attention layers."""
+    """The warm-up's attention kernels and auto's calibration run for a model with and without attention layers
+    (a machine too busy to measure in the budget keeps the static costs, and says so)."""
     hybrid = Engine.from_pretrained(str(model_dir(config)), device="cpu", radix="auto", prefix_cache_bytes=0)
     hybrid.warm_up()
-    assert hybrid.mode_costs.source.startswith("calibrated") and hybrid.mode_costs.rows > 0
+    assert "calibrat" in hybrid.mode_costs.source and hybrid.mode_costs.rows > 0
     assert hybrid.prepare(BATCH).mode in ("off", "mlp", "full")
 
 
