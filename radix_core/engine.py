@@ -187,7 +187,8 @@ class Engine:
     @torch.inference_mode()
     def _warm_attention(self) -> None:
         """Each batch of `warm_up_batches` in each mode this engine runs, through the attention backend on random
-        q/k/v (seeded, the global generator left alone) of the first layer's head shape, in the engine's dtype."""
+        q/k/v (seeded, the global generator left alone) of the first attention layer's head shape, in the engine's
+        dtype."""
         if not self.arch.attention_layers:  # a hybrid model of Gated DeltaNet layers only
             return
         attn = self.arch.attention_layers[0]
