@@ -21,7 +21,10 @@ from transformers import (
     PretrainedConfig,
 )
 
-SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
+SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_5_text", "qwen3_next")
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_next")  # Gated DeltaNet and gated attention layers: radix_core.hybrid_layers
+# multimodal checkpoints whose text model we run, read as that model's family (text inputs only)
+MULTIMODAL_FAMILIES = ("qwen3_5",)
 HEADS = {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClassification, "base": AutoModel}
 
 
@@ -33,16 +36,26 @@ class ModelLoadError(RuntimeError):
 class Architecture:
     """The parts of one loaded model, in the order the forward uses them."""
 
-    family: str  # config.model_type, one of SUPPORTED_FAMILIES
+    family: str  # config.model_type, one of SUPPORTED_FAMILIES (a multimodal checkpoint's text model type)
     head: str  # "causal_lm" (lm_head), "seq_cls" (score) or "base" (hidden states only)
     config: PretrainedConfig
     embed_tokens: nn.Embedding
-    layers: nn.ModuleList  # decoder layers: input_layernorm, self_attn, post_attention_layernorm, mlp
+    layers: nn.ModuleList  # decoder layers: input_layernorm, self_attn (or linear_attn), post_attention_layernorm, mlp
     norm: nn.Module  # final RMSNorm
     rotary_emb: nn.Module  # (x, position_ids (1, N)) -> cos, sin (1, N, head_dim)
     apply_rotary: callable  # the family's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
     head_module: nn.Module | None  # lm_head (vocab) or score (num_labels); None for a base model
     max_seq_len: int  # longest sequence computed exactly: max positions, capped by any sliding window
+
+    @property
+    def hybrid(self) -> bool:
+        """Some layers are Gated DeltaNet layers (`radix_core.hybrid_layers` runs the model)."""
+        return self.family in HYBRID_FAMILIES
+
+    @property
+    def attention_layers(self) -> list[nn.Module]:
+        """The self-attention modules, layer by layer (a hybrid's full-attention layers only)."""
+        return [layer.self_attn for layer in self.layers if hasattr(layer, "self_attn")]
 
     @property
     def vocab_size(self) -> int:
@@ -63,7 +76,7 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> A
         raise model_load_error(model, "weights", err) from err
     loaded.to(device).eval().requires_grad_(False)
     base = loaded if head == "base" else loaded.model
-    first_attn = base.layers[0].self_attn
+    base = getattr(base, "language_model", base)  # a multimodal model's text model
     return Architecture(
         family=config.model_type,
         head=head,
@@ -72,22 +85,27 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> A
         layers=base.layers,
         norm=base.norm,
         rotary_emb=base.rotary_emb,
-        apply_rotary=sys.modules[type(first_attn).__module__].apply_rotary_pos_emb,
+        apply_rotary=sys.modules[type(base.layers[0]).__module__].apply_rotary_pos_emb,
         head_module={"causal_lm": getattr(loaded, "lm_head", None), "seq_cls": getattr(loaded, "score", None)}.get(head),
         max_seq_len=max_seq_len(config),
     )
 
 
 def load_config(model: str) -> PretrainedConfig:
-    """The model's config, refusing families we do not support with a message listing the supported ones."""
+    """The model's config, refusing families we do not support with a message listing the supported ones. A
+    multimodal checkpoint's is its text model's config, with the checkpoint's architectures and labels."""
     try:
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as err:
         raise model_load_error(model, "config", err) from err
+    if config.model_type in MULTIMODAL_FAMILIES:
+        text = config.get_text_config()
+        text.architectures, text.id2label = config.architectures, config.id2label
+        config = text
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ModelLoadError(
             f"model {model!r} is a {config.model_type!r} model; radixserve supports the "
-            f"{', '.join(SUPPORTED_FAMILIES)} families"
+            f"{', '.join(SUPPORTED_FAMILIES)} families (and the text model of {', '.join(MULTIMODAL_FAMILIES)})"
         )
     return config
 
@@ -136,9 +154,10 @@ def _first_line(err: Exception, limit: int = 300) -> str:
 
 
 def head_of(config: PretrainedConfig) -> str:
-    """"causal_lm", "seq_cls" or "base", from the checkpoint's architectures."""
+    """"causal_lm", "seq_cls" or "base", from the checkpoint's architectures (a multimodal one generating text is
+    read as its text model's causal LM)."""
     architectures = config.architectures or []
-    if any(a.endswith("ForCausalLM") for a in architectures):
+    if any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in architectures):  # the latter: multimodal
         return "causal_lm"
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         return "seq_cls"

@@ -82,7 +82,7 @@ def plan_with_cache(prepared: PreparedBatch, lease: CacheLease, device: torch.de
     cu = prepared.cu_seqlens
     seq = np.repeat(np.arange(prepared.num_sequences), np.diff(cu))  # (N,) sequence of each token
     pos = sequence_positions(cu).astype(np.int64)  # (N,)
-    lengths = lease.matched if lease.one_tree else cached_lengths(prepared, lease.matched, seq, pos)
+    lengths = lease.matched if lease.one_tree else continuable_lengths(prepared, lease, seq, pos)
     past = lease.past(lengths)
     if past is None:
         plan = plan_ragged(prepared.input_ids, cu, device) if prepared.mode == "off" else plan_compact(prepared, device)
@@ -91,11 +91,27 @@ def plan_with_cache(prepared: PreparedBatch, lease: CacheLease, device: torch.de
     else:
         plan = _plan_compact_past(prepared, pos >= lengths[seq], seq, past, device)
     plan.cached_lengths, plan.past = lengths, past
-    if lease.admitted:
+    if lease.admitted or lease.refills:
         starts = np.array([cu[s] + start for s, start, _ in lease.admitted], dtype=np.int64)
         sizes = np.array([end - start for _, start, end in lease.admitted], dtype=np.int64)
-        plan.kept = lease.keep(upload(plan.token_rows[concat_ranges(starts, sizes)], torch.int64, device))
+        ends = np.array([cu[s] + last for s, last in lease.ends()], dtype=np.int64)  # (E,) tokens
+        plan.kept = lease.keep(upload(plan.token_rows[concat_ranges(starts, sizes)], torch.int64, device),
+                               plan.token_rows[ends])
     return plan
+
+
+def continuable_lengths(prepared: PreparedBatch, lease: CacheLease, seq: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """`cached_lengths` for a batch of several trees; for a hybrid model each cut further back to where a cached
+    recurrent state is (`CacheLease.state_boundary`), until no compact row is cached for one sequence and computed
+    for another (each pass only shortens, so it ends)."""
+    lengths = cached_lengths(prepared, lease.matched, seq, pos)
+    if lease.cache.shape.ends is None:
+        return lengths
+    while True:
+        bounded = np.array([lease.state_boundary(s, n) for s, n in enumerate(lengths.tolist())], dtype=np.int64)
+        if np.array_equal(bounded, lengths):
+            return lengths
+        lengths = cached_lengths(prepared, bounded, seq, pos)
 
 
 def cached_lengths(prepared: PreparedBatch, matched: np.ndarray, seq: np.ndarray, pos: np.ndarray) -> np.ndarray:

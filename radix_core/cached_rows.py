@@ -1,6 +1,10 @@
 """The rows of the prefix cache as one batch's forward sees them (`radix_core.prefix_cache` keeps them): what a
 cached row holds (`RowShape`), the cached rows a batch reads in every layer (`CachedPrefix`), and the computed rows
 whose K/V and final states it hands to the cache (`KeptRows`). Device tensors only; the tree is elsewhere.
+
+A hybrid model (`radix_core.hybrid_layers`) caches K/V of its attention layers only, and at the end of each cached
+segment the Gated DeltaNet layers' recurrent states and convolution tails (`EndShape`): a sequence continues a
+cached prefix from the end of a segment, as a trie chain continues from its parent chain.
 """
 
 from __future__ import annotations
@@ -14,8 +18,49 @@ from radix_core.architectures import Architecture
 
 
 @dataclass(frozen=True)
+class EndShape:
+    """What a hybrid model's cached segment holds at its end: per Gated DeltaNet layer the recurrent state (float32,
+    as the rule keeps it) and the convolution's last `kernel - 1` inputs (`tail`), in `dtype` on `device`."""
+
+    layers: int
+    heads: int
+    key_dim: int
+    value_dim: int
+    tail: int
+    conv_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, arch: Architecture, dtype: torch.dtype, device: torch.device) -> EndShape | None:
+        """None for a model without recurrent layers."""
+        linear = [layer.linear_attn for layer in arch.layers if hasattr(layer, "linear_attn")]
+        if not linear:
+            return None
+        first = linear[0]
+        return cls(len(linear), first.num_v_heads, first.head_k_dim, first.head_v_dim, first.conv_kernel_size - 1,
+                   first.conv_dim, dtype, device)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one segment end: per recurrent layer heads x Dk x Dv x 4 + (kernel - 1) x C x element, 2.05 MB a
+        layer in bfloat16 for transformers' default Qwen3.5 text configuration (32 value heads of 128 x 128)."""
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        return self.layers * (self.heads * self.key_dim * self.value_dim * 4 + self.tail * self.conv_dim * element)
+
+    def states(self, ends: int) -> torch.Tensor:
+        return torch.empty((self.layers, ends, self.heads, self.key_dim, self.value_dim), dtype=torch.float32,
+                           device=self.device)  # (layers, E, Hv, Dk, Dv)
+
+    def tails(self, ends: int) -> torch.Tensor:
+        return torch.empty((self.layers, ends, self.tail, self.conv_dim), dtype=self.dtype,
+                           device=self.device)  # (layers, E, kernel - 1, C), oldest first
+
+
+@dataclass(frozen=True)
 class RowShape:
-    """What one cached row holds: K and V of every layer, and the final hidden state, in `dtype` on `device`."""
+    """What one cached row holds: K and V of every (attention) layer, and the final hidden state, in `dtype` on
+    `device`; for a hybrid model also what a segment's end holds (`ends`)."""
 
     layers: int
     kv_heads: int
@@ -23,12 +68,14 @@ class RowShape:
     hidden: int
     dtype: torch.dtype
     device: torch.device
+    ends: EndShape | None = None
 
     @classmethod
     def of(cls, arch: Architecture, dtype: torch.dtype, device: torch.device) -> RowShape:
-        attn = arch.layers[0].self_attn
-        return cls(len(arch.layers), attn.k_proj.out_features // attn.head_dim, attn.head_dim, arch.hidden_size,
-                   dtype, device)
+        config = arch.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(len(arch.attention_layers), config.num_key_value_heads, head_dim, arch.hidden_size, dtype, device,
+                   EndShape.of(arch, dtype, device))
 
     @property
     def bytes(self) -> int:
@@ -53,6 +100,10 @@ class CachedPrefix:
     pair_cu: np.ndarray  # (B+1,) int64 each sequence's ranges in pair_start / pair_end
     pair_start: np.ndarray  # (T,) int64 first cached row of each (sequence, segment) range
     pair_end: np.ndarray  # (T,) int64 end of each range
+    # hybrid models: the recurrent state where each sequence's cached prefix ends, when it computes rows after it
+    end_of_sequence: np.ndarray | None = None  # (B,) int64 index into end_states / end_tails, -1 for none
+    end_states: torch.Tensor | None = None  # (layers, P, Hv, Dk, Dv) float32
+    end_tails: torch.Tensor | None = None  # (layers, P, kernel - 1, C)
 
     @property
     def num_rows(self) -> int:
@@ -78,11 +129,22 @@ class KeptRows:
     rows: torch.Tensor  # (A,) int64 computed rows, in admission order
     kv: torch.Tensor  # (layers, 2, A, Hkv, D)
     states: torch.Tensor  # (A, hidden)
+    # hybrid models: the rows after which the recurrent state enters the cache (the ends of admitted segments and
+    # of cached segments whose end state is missing), and its buffers
+    end_rows: np.ndarray | None = None  # (E,) int64
+    end_states: torch.Tensor | None = None  # (linear layers, E, Hv, Dk, Dv) float32
+    end_tails: torch.Tensor | None = None  # (linear layers, E, kernel - 1, C)
 
     def keep_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy the rows' `k`, `v` (R, Hkv, D) of `layer`."""
         torch.index_select(k, 0, self.rows, out=self.kv[layer, 0])
         torch.index_select(v, 0, self.rows, out=self.kv[layer, 1])
+
+    def keep_end(self, layer: int, states: torch.Tensor, tails: torch.Tensor) -> None:
+        """Copy the recurrent states (E, Hv, Dk, Dv) and convolution tails (E, kernel - 1, C) at `end_rows` of the
+        `layer`-th recurrent layer."""
+        self.end_states[layer].copy_(states)
+        self.end_tails[layer].copy_(tails)
 
     def keep_states(self, hidden: torch.Tensor) -> None:
         """Copy the rows' final-normed hidden states from `hidden` (R, hidden)."""

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from radix_core.architectures import Architecture, load_architecture
+from radix_core.architectures import Architecture, ModelLoadError, load_architecture
 from radix_core.attention import fallback_backend, make_backend
 from radix_core.batch import BatchLimits, PreparedBatch, prepare_batch
 from radix_core.cached_forward import run_with_cache
@@ -86,7 +86,8 @@ def takes(request: type[TaskRequest]) -> Callable[[M], M]:
 
 
 class Engine:
-    """Loads a Qwen3 / Qwen2 / Llama / Mistral checkpoint and scores ragged batches of token ids."""
+    """Loads a Qwen3 / Qwen2 / Llama / Mistral / Qwen3.5 / Qwen3-Next checkpoint and scores ragged batches of token
+    ids."""
 
     def __init__(self, arch: Architecture, device: torch.device, dtype: torch.dtype, config: EngineConfig,
                  model: str = "", prompts: PromptTokenizer | None = None, task_config: TaskConfig | None = None):
@@ -97,6 +98,10 @@ class Engine:
         self.radix = config.radix
         self.radix_threshold = config.radix_threshold
         self.attention = config.attention  # as asked for; `backend` is what runs
+        if config.batch_invariant and arch.hybrid:
+            raise ModelLoadError(
+                f"batch_invariant does not cover hybrid models ({arch.family!r}): their Gated DeltaNet recurrence "
+                f"runs in chunks that start where the batch's trie branches. Turn batch_invariant off for this model")
         self.batch_invariant = config.batch_invariant
         self.backend = InvariantAttention(device) if config.batch_invariant else make_backend(config.attention, device,
                                                                                         dtype)
@@ -197,9 +202,12 @@ class Engine:
     @torch.inference_mode()
     def _warm_attention(self) -> None:
         """Each batch of `warm_up_batches` in each mode this engine runs, through the attention backend on random
-        q/k/v (seeded, the global generator left alone) of the first layer's head shape, in the engine's dtype."""
-        attn = self.arch.layers[0].self_attn
-        heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+        q/k/v (seeded, the global generator left alone) of the first attention layer's head shape, in the engine's
+        dtype."""
+        if not self.arch.attention_layers:  # a hybrid model of Gated DeltaNet layers only
+            return
+        attn = self.arch.attention_layers[0]
+        heads, kv_heads = self.arch.config.num_attention_heads, self.arch.config.num_key_value_heads
         generator = torch.Generator(self.device).manual_seed(0)
 
         def random(rows: int, num_heads: int) -> torch.Tensor:

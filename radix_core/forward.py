@@ -19,6 +19,7 @@ from radix_core.attention import AttentionBackend, AttentionMetadata, CausalBloc
 from radix_core.batch import PreparedBatch
 from radix_core.cached_rows import CachedPrefix, KeptRows
 from radix_core.cascade import CascadePlan
+from radix_core.hybrid_layers import run_hybrid_layers
 from radix_core.index import sequence_positions
 from radix_core.invariant_matmul import row_tile
 
@@ -124,6 +125,8 @@ def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -
     """(R + C, hidden) final-normed hidden states of the plan's computed rows, then of its cached rows."""
     if plan.num_rows == 0:  # every token's row is cached
         return plan.past.states()
+    if arch.hybrid:  # Gated DeltaNet layers along the trie
+        return run_hybrid_layers(arch, plan, backend)
     backend.prepare(plan)
     h = arch.embed_tokens(plan.row_ids)  # (R, hidden)
     cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, head_dim) each

@@ -172,8 +172,8 @@ class Calibration:
 
     def attention(self, plan: BatchPlan) -> Callable[[], object]:
         """One layer's attention over `plan`, on random q/k/v of the first layer's head shape and the dtype."""
-        attn = self.arch.layers[0].self_attn
-        heads, kv_heads = attn.q_proj.out_features // attn.head_dim, attn.k_proj.out_features // attn.head_dim
+        attn = self.arch.attention_layers[0]
+        heads, kv_heads = self.arch.config.num_attention_heads, self.arch.config.num_key_value_heads
 
         def random(num_heads: int) -> torch.Tensor:
             out = torch.randn(plan.num_rows, num_heads, attn.head_dim, generator=self.generator, device=self.device)
@@ -197,16 +197,17 @@ def calibrate(arch: Architecture, backend: AttentionBackend, limits: BatchLimits
     started = time.perf_counter()
     static = static_costs(arch, device, dtype, backend.absorbs_short_prefixes)
     probes = Calibration(arch, backend, limits, device, dtype, started + budget_s)
-    layers = len(arch.layers)
+    layers = len(arch.attention_layers)  # a hybrid model's attention layers only; none: no attention probe
     measured: dict[str, float] = {}
     try:
         measured["rows"] = probes.slope(probes.row_probe, SEQUENCE, "rows",
                                         tied={"pairs": static.pairs / static.rows})
-        measured["pairs"] = layers * probes.slope(probes.pair_probe, 4 * SEQUENCE, "pairs")
-        measured["scattered"] = layers * probes.slope(probes.scatter_probe, 4 * SEQUENCE, "scattered")
-        pairs = measured["pairs"] if measured["pairs"] > 0 else static.pairs * measured["rows"] / static.rows
-        measured["merged"] = layers * probes.slope(probes.merge_probe, 4 * SEQUENCE, "merged",
-                                                   known={"pairs": pairs / layers})
+        if layers:
+            measured["pairs"] = layers * probes.slope(probes.pair_probe, 4 * SEQUENCE, "pairs")
+            measured["scattered"] = layers * probes.slope(probes.scatter_probe, 4 * SEQUENCE, "scattered")
+            pairs = measured["pairs"] if measured["pairs"] > 0 else static.pairs * measured["rows"] / static.rows
+            measured["merged"] = layers * probes.slope(probes.merge_probe, 4 * SEQUENCE, "merged",
+                                                       known={"pairs": pairs / layers})
     except OutOfTime:
         pass
     costs = combined(measured, static, device, time.perf_counter() - started)

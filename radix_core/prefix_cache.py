@@ -37,6 +37,13 @@ budget (a segment split copies its K/V once, briefly holding both); an admission
 is skipped. Recency is kept by two ordered dicts with every segment after its descendants, so the eviction
 scan finds the least recently used segment without cached segments below it at or near the front.
 
+**Hybrid models** (Gated DeltaNet layers, `RowShape.ends`): a segment also holds, at its end, each recurrent
+layer's state and convolution tail (`end`), counted against the budget with its rows. A sequence continues a cached
+prefix only where such a state is: at the end of a segment that has one, or at its own end (nothing computed
+after). Segments end wherever the batches' sequences part or end, at any token, with no block alignment. A segment
+split by a walk keeps its state in its lower part; the upper part has none until a batch computes its rows again
+(the walk that stops at its start asks for it: `refills`), and is read up to its start meanwhile.
+
 **One lease at a time.** A lease holds the cache from lookup to commit: the engine runs one batch at a time on
 its device, and the next batch must see the previous one's insertions. The tree itself changes only while a lease
 looks up and admits, and when it commits or ends; `cached_length` reads it in between (while the batch's forward
@@ -102,7 +109,7 @@ class PrefixCacheStats:
 class _Segment:
     """A node of the tree: token ids `ids` at positions `depth ..`, and in the resident state their rows."""
 
-    __slots__ = ("ids", "size", "depth", "parent", "children", "state", "kv", "states", "tick", "scope")
+    __slots__ = ("ids", "size", "depth", "parent", "children", "state", "kv", "states", "end", "tick", "scope")
 
     def __init__(self, ids: bytes, depth: int, parent: _Segment | None, state: str, scope: Hashable = None):
         self.ids = ids  # n int32 token ids as bytes: compared in C (`bytes.startswith`), 4 bytes a token
@@ -113,6 +120,7 @@ class _Segment:
         self.state = state
         self.kv: torch.Tensor | None = None  # (layers, 2, n, Hkv, D) when resident
         self.states: torch.Tensor | None = None  # (n, hidden) when resident
+        self.end: tuple[torch.Tensor, torch.Tensor] | None = None  # hybrid: recurrent states, conv tails at its end
         self.tick = 0  # the last lease that walked it
         self.scope = scope  # a root's scope
 
@@ -131,6 +139,8 @@ class CacheLease:
     tips: list[_Segment | None]  # (B,) the segment where each cached prefix ends (None: nothing cached)
     admitted: list[tuple[int, int, int]] = field(default_factory=list)  # (sequence, start, end) rows to cache
     pending: list[_Segment] = field(default_factory=list)  # the segment of each admitted range
+    refills: dict[_Segment, int] = field(default_factory=dict)  # hybrid: resident segments without an end state,
+    # each with the first sequence that computes its rows
     hits: int = 0
     committed: bool = False
 
@@ -170,13 +180,55 @@ class CacheLease:
         per_sequence = np.zeros(len(self.roots), dtype=np.int64)  # (B,)
         per_sequence[reads] = counts[which]
         pair_cu = np.concatenate([[0], np.cumsum(per_sequence)])  # (B+1,)
-        return CachedPrefix([(segment.kv, segment.states, rows) for segment, rows in used.items()],
+        past = CachedPrefix([(segment.kv, segment.states, rows) for segment, rows in used.items()],
                             pair_cu, starts[pairs], ends[pairs])
+        if self.cache.shape.ends is not None:
+            self._end_states(past, reads, lengths)
+        return past
 
-    def keep(self, rows: torch.Tensor) -> KeptRows:
-        """Buffers for the admitted rows, which are the computed rows `rows` (A,) in admission order."""
+    def _end_states(self, past: CachedPrefix, reads: np.ndarray, lengths: np.ndarray) -> None:
+        """The recurrent state where each sequence of `reads` that computes rows after its cached prefix continues:
+        the end of a segment (the walk and `state_boundary` stop only at ends that have one)."""
+        ends: dict[_Segment, int] = {}
+        past.end_of_sequence = np.full(len(self.roots), -1, dtype=np.int64)
+        for s in reads.tolist():
+            end = int(lengths[s])
+            if end == len(self.sequences[s]) >> 2:
+                continue
+            segment = _segment_ending(self.tips[s], end)
+            past.end_of_sequence[s] = ends.setdefault(segment, len(ends))
+        if ends:
+            past.end_states = torch.stack([segment.end[0] for segment in ends], dim=1)  # (layers, P, Hv, Dk, Dv)
+            past.end_tails = torch.stack([segment.end[1] for segment in ends], dim=1)  # (layers, P, kernel - 1, C)
+
+    def state_boundary(self, s: int, length: int) -> int:
+        """The longest prefix of sequence `s`, at most `length` tokens of its cached prefix, that a hybrid model can
+        continue: its whole cached prefix, or the end of a segment on its path with an end state (0: none)."""
+        if length == self.matched[s] or self.cache.shape.ends is None:
+            return length
+        best, segment = 0, self.tips[s]
+        while segment is not None and segment.parent is not None:
+            end = segment.depth + segment.size
+            if end <= length and segment.end is not None:
+                best = max(best, end)
+            segment = segment.parent
+        return best
+
+    def ends(self) -> list[tuple[int, int]]:
+        """Hybrid models: (sequence, position of the last token) of each segment end whose recurrent state the
+        batch keeps: the admitted segments', then the refilled ones'."""
+        admitted = [(s, end - 1) for s, _, end in self.admitted]
+        return admitted + [(s, segment.depth + segment.size - 1) for segment, s in self.refills.items()]
+
+    def keep(self, rows: torch.Tensor, end_rows: np.ndarray | None = None) -> KeptRows:
+        """Buffers for the admitted rows, which are the computed rows `rows` (A,) in admission order, and (hybrid
+        models) for the states after `end_rows` (E,), as `ends` lists them."""
         shape = self.cache.shape
-        return KeptRows(rows, shape.kv(rows.shape[0]), shape.states(rows.shape[0]))
+        kept = KeptRows(rows, shape.kv(rows.shape[0]), shape.states(rows.shape[0]))
+        if shape.ends is not None:
+            kept.end_rows = end_rows
+            kept.end_states, kept.end_tails = shape.ends.states(len(end_rows)), shape.ends.tails(len(end_rows))
+        return kept
 
     def commit(self, kept: KeptRows | None) -> None:
         """The admitted rows, their K/V and states filled by the forward, become cached (`kept` None: none)."""
@@ -302,8 +354,10 @@ class PrefixCache:
                 self._touch(child)
             if child.state != RESIDENT:
                 seen.setdefault(child, s)
-            elif matched == p:
+            elif matched == p and self._continues(child, common, p + common == length):
                 matched, tip = p + common, child
+            elif matched == p and common == child.size:  # hybrid: no state at its end; this batch computes it
+                lease.refills.setdefault(child, s)
             p += common
             node = child
             if common < child.size:  # the sequence ends inside a resident segment
@@ -319,11 +373,18 @@ class PrefixCache:
             self._touch(tail)
         return matched, tip
 
+    def _continues(self, segment: _Segment, common: int, ends_here: bool) -> bool:
+        """Whether a sequence whose cached prefix reached `segment` and covers `common` of its rows (ending there:
+        `ends_here`) reads them: always, but for a hybrid model only where it can continue (the module docstring)."""
+        return self.shape.ends is None or ends_here or (common == segment.size and segment.end is not None)
+
     def _admit(self, lease: CacheLease, seen: dict[_Segment, int]) -> None:
         """Admit the ghosts the batch's walks passed through (seen before: by an earlier batch or an earlier
         sequence of this one; whole segments, as the walks split them) while the budget can make room, parents
         first, a segment only below cached or admitted rows. One range per segment, of the first sequence that
         walked it: no path is walked again."""
+        for segment in [s for s in lease.refills if not self._reserve_bytes(self._end_bytes)]:
+            del lease.refills[segment]
         for segment in sorted(seen, key=_depth):
             if segment.parent.state == GHOST or not self._reserve(segment.size):
                 continue
@@ -333,9 +394,18 @@ class PrefixCache:
             lease.admitted.append((seen[segment], segment.depth, segment.depth + segment.size))
             lease.pending.append(segment)
 
+    @property
+    def _end_bytes(self) -> int:
+        """Bytes of a segment's end state: 0 but for hybrid models."""
+        return 0 if self.shape.ends is None else self.shape.ends.bytes
+
     def _reserve(self, rows: int) -> bool:
-        """Count `rows` more rows against the budget, evicting what this lease does not use; False if it can't."""
-        need = rows * self.shape.bytes
+        """Count `rows` more rows (and their segment's end state) against the budget, evicting what this lease does
+        not use; False if it can't."""
+        return self._reserve_bytes(rows * self.shape.bytes + self._end_bytes)
+
+    def _reserve_bytes(self, need: int) -> bool:
+        """Count `need` more bytes against the budget, evicting what this lease does not use; False if it can't."""
         if need > self.budget_bytes:
             return False
         while self._stats.bytes + need > self.budget_bytes:
@@ -350,10 +420,10 @@ class PrefixCache:
     def _evict(self, segment: _Segment) -> None:
         """A resident segment without cached segments below it becomes a ghost."""
         del self._resident[segment]
-        segment.kv = segment.states = None
+        self._stats.bytes -= segment.size * self.shape.bytes + (self._end_bytes if segment.end is not None else 0)
+        segment.kv = segment.states = segment.end = None
         segment.state = GHOST
         self._ghosts[segment] = None
-        self._stats.bytes -= segment.size * self.shape.bytes
         self._stats.ghost_tokens += segment.size
         self._stats.evictions += 1
         self._stats.evicted_tokens += segment.size
@@ -392,11 +462,23 @@ class PrefixCache:
             filled.append((segment, kv if whole else kv.clone(memory_format=torch.contiguous_format),
                            states if whole else states.clone()))
             at += segment.size
+        ends = self._ends(lease, kept)
         for segment, kv, states in filled:
             segment.kv, segment.states, segment.state = kv, states, RESIDENT
             self._resident[segment] = None
             self._stats.inserted_tokens += segment.size
+        for segment, end in ends.items():
+            segment.end = end
         self._stats.hit_tokens += lease.hits
+
+    def _ends(self, lease: CacheLease, kept: KeptRows | None) -> dict[_Segment, tuple[torch.Tensor, torch.Tensor]]:
+        """Hybrid models: each admitted and refilled segment's end state, copied out of `kept` (in `lease.ends`
+        order), so that each segment owns its memory."""
+        if self.shape.ends is None or kept is None:
+            return {}
+        segments = lease.pending + list(lease.refills)
+        return {segment: (kept.end_states[:, e].clone(), kept.end_tails[:, e].clone())
+                for e, segment in enumerate(segments)}
 
     def _close(self, lease: CacheLease) -> None:
         """End a lease: admissions not committed go back to ghosts; what it walked becomes the most recently used
@@ -405,8 +487,9 @@ class PrefixCache:
             for segment in lease.pending:
                 segment.state = GHOST
                 self._ghosts[segment] = None
-                self._stats.bytes -= segment.size * self.shape.bytes
+                self._stats.bytes -= segment.size * self.shape.bytes + self._end_bytes
                 self._stats.ghost_tokens += segment.size
+            self._stats.bytes -= len(lease.refills) * self._end_bytes
         for segment in sorted(self._touched, key=lambda seg: seg.depth, reverse=True):
             recency = self._resident if segment.state == RESIDENT else self._ghosts
             recency.move_to_end(segment)
@@ -449,6 +532,14 @@ def _cached_path(tip: _Segment, end: int) -> list[tuple[_Segment, int]]:
             path.append((tip, min(tip.size, end - tip.depth)))
         tip = tip.parent
     return path[::-1]
+
+
+def _segment_ending(tip: _Segment, end: int) -> _Segment:
+    """The segment on the path down to `tip` that ends after `end` tokens and holds an end state."""
+    segment = tip
+    while segment.depth + segment.size != end or segment.end is None:
+        segment = segment.parent
+    return segment
 
 
 def _depth(segment: _Segment) -> int:

@@ -19,12 +19,13 @@ Defaults (`DEFAULT_TEMPLATES`, keyed by (task, model_type, head) with "*" as a w
 
 * rerank, qwen3 causal-LM: the Qwen3-Reranker prompt; the score is P(yes) from the `no`/`yes` logits.
 * rerank, qwen3 seq-cls: the same prompt, scored by the score head (seq-cls conversions of Qwen3-Reranker keep it).
+* Qwen3.5 (`qwen3_5_text`, a multimodal checkpoint's text model too) and Qwen3-Next: as qwen3, both tasks.
 * rerank, any other seq-cls: `CrossEncoderPair`, the tokenizer's own pair encoding `tokenizer(query, document)`,
   exactly what a cross-encoder (sentence-transformers `CrossEncoder`, a text-classification pipeline with
   `text_pair`) feeds the model: `[CLS] q [SEP] d [SEP]` for BERT-style tokenizers, the plain concatenation of the
   two encodings for Qwen/Llama tokenizers, which define no pair template. No instruction.
-* embed, qwen3: Qwen3-Embedding, `Instruct: {instruction}\\nQuery:{text}` for queries (given an instruction),
-  plain text otherwise, then `<|endoftext|>` (the token the Qwen3-Embedding tokenizer appends).
+* embed, qwen3: Qwen3-Embedding (last-token pooling), `Instruct: {instruction}\\nQuery:{text}` for queries (given an
+  instruction), plain text otherwise, then `<|endoftext|>` (the token the Qwen3-Embedding tokenizer appends).
 * embed, any other model: plain text; an instruction needs a template from config.
 
 Anything else, e.g. rerank with a Llama causal LM, fails with `TemplateNotFound`, which says how to pass one:
@@ -203,11 +204,15 @@ QWEN3_RERANKER = RerankTemplate(
 QWEN3_EMBEDDING = EmbedTemplate(query="Instruct: {instruction}\nQuery:{text}", end_token="<|endoftext|>")
 PLAIN_EMBEDDING = EmbedTemplate()
 
+# Qwen3 and the hybrid families after it (Qwen3.5's text model, Qwen3-Next): rerankers and embedding models built
+# on them take the Qwen3-Reranker and Qwen3-Embedding formats (same chat tokens, same tokenizer family)
+QWEN3_FORMAT_FAMILIES = ("qwen3", "qwen3_5_text", "qwen3_next")
+
 DEFAULT_TEMPLATES: dict[tuple[str, str, str], Template] = {
-    ("rerank", "qwen3", "causal_lm"): QWEN3_RERANKER,
-    ("rerank", "qwen3", "seq_cls"): QWEN3_RERANKER,
+    **{("rerank", family, head): QWEN3_RERANKER for family in QWEN3_FORMAT_FAMILIES
+       for head in ("causal_lm", "seq_cls")},
     ("rerank", WILDCARD, "seq_cls"): CrossEncoderPair(),
-    ("embed", "qwen3", WILDCARD): QWEN3_EMBEDDING,
+    **{("embed", family, WILDCARD): QWEN3_EMBEDDING for family in QWEN3_FORMAT_FAMILIES},
     ("embed", WILDCARD, WILDCARD): PLAIN_EMBEDDING,
 }
 _TEMPLATE_TYPES = {"rerank": (RerankTemplate, CrossEncoderPair), "embed": (EmbedTemplate,)}

@@ -8,7 +8,11 @@ them back through the ordinary loading path: `AutoModel*.from_pretrained(dir)` a
 Each architecture gets settings that real checkpoints of its family use and that a careless
 forward would get wrong: Qwen3 has q/k-norm and head_dim = 2 * hidden / heads (like Qwen3-0.6B)
 with tied embeddings; Qwen2 has its qkv bias; Llama has llama3 rope scaling and tied embeddings;
-Mistral has head_dim = hidden / heads / 2 (like Mistral-Nemo) and no sliding window. Weights are
+Mistral has head_dim = hidden / heads / 2 (like Mistral-Nemo) and no sliding window; Qwen3.5 has
+three Gated DeltaNet layers to one gated attention layer, head_dim = 2 * hidden / heads with a
+quarter of it rotated, Gated DeltaNet decay rates exp(A_log) with A_log in [-3, 0.5) (states that
+carry across a trie branch) and tied embeddings; Qwen3-Next the same layers (q/k/v/z projected together)
+with a mixture of 4 experts (2 a token) and a shared expert in every layer. Weights are
 re-drawn with std = hidden_size ** -0.5 (0.125 for the tiny preset, not transformers' 0.02), norm
 weights in [0.5, 1.5) and biases with std 0.1, so hidden states and attention patterns are far from
 constant and an exactness test has something to catch.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +43,7 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-ARCHS = ("qwen3", "qwen2", "llama", "mistral")
+ARCHS = ("qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next")
 HEADS = ("causal_lm", "seq_cls", "base")
 PRESETS: dict[str, dict] = {
     "tiny": {},  # the make_tiny_model defaults: hidden 64, 2 layers, 4 heads, 2 kv heads
@@ -75,6 +80,8 @@ class _ArchTraits:
     tie_word_embeddings: bool
     rms_norm_eps: float
     config_extras: dict = field(default_factory=dict)  # further config kwargs for this family only
+    class_names: dict = field(default_factory=dict)  # "config" or a head -> class name, where not prefix + suffix
+    hybrid: bool = False  # Gated DeltaNet layers: linear_* sizes from the shared ones, `layer_types`
 
 
 _ARCH_TRAITS = {
@@ -92,7 +99,24 @@ _ARCH_TRAITS = {
         "Mistral", 0.5, {"rope_type": "default", "rope_theta": 1_000_000.0}, False, 1e-5,
         config_extras={"sliding_window": None},  # full attention; MistralConfig defaults to a 4096 window
     ),
+    "qwen3_5": _ArchTraits(
+        "Qwen3_5", 2.0,
+        {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        True, 1e-6,
+        class_names={"config": "Qwen3_5TextConfig", "seq_cls": "Qwen3_5TextForSequenceClassification",
+                     "base": "Qwen3_5TextModel"},
+        hybrid=True,
+    ),
+    "qwen3_next": _ArchTraits(
+        "Qwen3Next", 2.0, {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+        False, 1e-6,
+        config_extras=dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=32),
+        hybrid=True,
+    ),
 }
+HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 def make_tiny_model(
@@ -109,6 +133,7 @@ def make_tiny_model(
     vocab_size: int | None = None,
     max_position_embeddings: int = 2048,
     num_labels: int = 1,
+    layer_types: Sequence[str] | None = None,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> Path:
@@ -116,6 +141,9 @@ def make_tiny_model(
 
     `head` picks XxxForCausalLM, XxxForSequenceClassification (`num_labels` outputs named
     LABEL_0.., pad_token_id set so batches pool the last real token) or XxxModel.
+    `layer_types` (hybrid families only, one of `HYBRID_LAYER_TYPES` per layer): None takes the family's
+    pattern, three "linear_attention" layers then one "full_attention" (Qwen3.5), and the last layer
+    "full_attention" (the 2-layer tiny preset: one of each).
     `head_dim=None` takes the family default (see
     the module docstring); `vocab_size=None` takes len(tokenizer) rounded up to 64. The same
     arguments and seed give the same weights. Writes safetensors and leaves the global RNG alone.
@@ -127,6 +155,7 @@ def make_tiny_model(
         arch, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_kv_heads, intermediate_size=intermediate_size, head_dim=head_dim,
         vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, num_labels=num_labels,
+        layer_types=layer_types,
     )
     model = _build_model(arch, head, config, seed).to(dtype)
     out_dir = Path(out_dir)
@@ -178,11 +207,11 @@ def _check_single_tokens(tokenizer: Tokenizer) -> None:
 
 def _make_config(arch: str, tokenizer: PreTrainedTokenizerFast, *, hidden_size: int, num_layers: int,
                  num_heads: int, num_kv_heads: int, intermediate_size: int, head_dim: int | None,
-                 vocab_size: int | None, max_position_embeddings: int,
-                 num_labels: int) -> transformers.PreTrainedConfig:
+                 vocab_size: int | None, max_position_embeddings: int, num_labels: int,
+                 layer_types: Sequence[str] | None) -> transformers.PreTrainedConfig:
     """The family's config class filled with the shared sizes, the family traits and the token ids."""
     traits = _ARCH_TRAITS[arch]
-    config_cls = getattr(transformers, f"{traits.class_prefix}Config")
+    config_cls = getattr(transformers, traits.class_names.get("config", f"{traits.class_prefix}Config"))
     return config_cls(
         vocab_size=_model_vocab_size(len(tokenizer), vocab_size),
         hidden_size=hidden_size,
@@ -200,8 +229,32 @@ def _make_config(arch: str, tokenizer: PreTrainedTokenizerFast, *, hidden_size: 
         pad_token_id=tokenizer.pad_token_id,
         num_labels=num_labels,
         **_head_dim_kwargs(arch, hidden_size, num_heads, head_dim),
+        **_hybrid_kwargs(arch, num_layers, hidden_size, num_heads, num_kv_heads, layer_types),
         **traits.config_extras,
     )
+
+
+def _hybrid_kwargs(arch: str, num_layers: int, hidden_size: int, num_heads: int, num_kv_heads: int,
+                   layer_types: Sequence[str] | None) -> dict:
+    """A hybrid family's Gated DeltaNet sizes (key heads = kv heads, value heads = heads, both of
+    hidden / heads dims, as Qwen3.5's two value heads per key head) and its `layer_types`."""
+    if not _ARCH_TRAITS[arch].hybrid:
+        if layer_types is not None:
+            raise ValueError(f"layer_types is for the hybrid families ({', '.join(_hybrid_archs())}), not {arch!r}")
+        return {}
+    if layer_types is None:
+        layer_types = ["full_attention" if (i + 1) % 4 == 0 or i == num_layers - 1 else "linear_attention"
+                       for i in range(num_layers)]
+    if len(layer_types) != num_layers or not set(layer_types) <= set(HYBRID_LAYER_TYPES):
+        raise ValueError(f"layer_types must name one of {', '.join(HYBRID_LAYER_TYPES)} for each of the "
+                         f"{num_layers} layers, got {list(layer_types)}")
+    dim = hidden_size // num_heads
+    return dict(layer_types=list(layer_types), linear_num_key_heads=num_kv_heads, linear_num_value_heads=num_heads,
+                linear_key_head_dim=dim, linear_value_head_dim=dim, linear_conv_kernel_dim=4)
+
+
+def _hybrid_archs() -> list[str]:
+    return [arch for arch, traits in _ARCH_TRAITS.items() if traits.hybrid]
 
 
 def _head_dim_kwargs(arch: str, hidden_size: int, num_heads: int, head_dim: int | None) -> dict:
@@ -229,7 +282,8 @@ def _model_vocab_size(tokenizer_len: int, requested: int | None) -> int:
 
 def _build_model(arch: str, head: str, config: transformers.PreTrainedConfig, seed: int) -> PreTrainedModel:
     """Instantiate the head class and re-draw its weights from `seed`, leaving the global RNG as it was."""
-    model_cls = getattr(transformers, f"{_ARCH_TRAITS[arch].class_prefix}{_HEAD_SUFFIX[head]}")
+    traits = _ARCH_TRAITS[arch]
+    model_cls = getattr(transformers, traits.class_names.get(head, f"{traits.class_prefix}{_HEAD_SUFFIX[head]}"))
     with torch.random.fork_rng(devices=[]):  # construction draws transformers' own init from the global RNG
         model = model_cls(config)
     _randomize_weights(model, std=config.initializer_range, seed=seed)
@@ -247,8 +301,12 @@ def _randomize_weights(model: PreTrainedModel, std: float, seed: int) -> None:
     """
     generator = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
-        if name.endswith(".bias"):
+        if name.endswith(".A_log"):  # Gated DeltaNet decay rates exp(A_log): short and long memories
+            param.uniform_(-3.0, 0.5, generator=generator)
+        elif name.endswith(".bias"):
             param.normal_(0.0, 0.1, generator=generator)
+        elif param.ndim == 1 and not param.any():  # zero-centred RMSNorm (Qwen3.5's 1 + w): gains in [0.5, 1.5)
+            param.uniform_(-0.5, 0.5, generator=generator)
         elif param.ndim == 1:  # RMSNorm weights, including Qwen3's q_norm / k_norm
             param.uniform_(0.5, 1.5, generator=generator)
         else:

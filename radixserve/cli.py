@@ -22,7 +22,7 @@ import sys
 
 from radixserve.batch_jobs import add_subcommand as _add_batch_jobs
 
-TINY_ARCHS = ("qwen3", "qwen2", "llama", "mistral")
+TINY_ARCHS = ("qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next")
 TINY_HEADS = ("causal_lm", "seq_cls", "base")
 TINY_PRESETS = ("tiny", "small", "bench")
 API_KEY_ENV = "RADIXSERVE_API_KEY"

@@ -1,7 +1,9 @@
 """The forward with the prefix cache gives what recomputing gives (`radix_core.cached_forward`): on every tiny
 family, in every mode, for every task that reads cached rows, batch after batch: cache on == cache off == each
-sequence alone, within float32 1e-5, with sequences that end inside a cached prefix, duplicates, evictions between
-batches, scopes mixed in one batch, the Triton kernels; and a budget of 0 is no cache at all."""
+sequence alone, within float32 1e-5 (1e-4 for the hybrid Qwen3.5 and Qwen3-Next, whose recurrent state the cache
+keeps at segment ends: `tests/test_hybrid_models.py` has its own cases), with sequences that end inside a cached
+prefix, duplicates, evictions between batches, scopes mixed in one batch, the Triton kernels; and a budget of 0 is
+no cache at all."""
 
 from __future__ import annotations
 
@@ -17,9 +19,16 @@ from radix_core.prefix_cache import PrefixCacheStats
 from radix_core.tasks import TaskConfig
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
 
-FAMILIES = ["qwen3", "qwen2", "llama", "mistral"]
+FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next"]
 MODES = ["off", "mlp", "full", "auto"]
 TOL = dict(atol=1e-5, rtol=1e-5)
+# Qwen3.5 and Qwen3-Next (Gated DeltaNet): the recurrence's chunks start where a cached prefix ends, alone at 0: float32
+# reassociation, amplified by the layers to ~2.5e-5 (as a batch against its sequences alone, without the cache)
+HYBRID_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def tolerance(family: str) -> dict:
+    return HYBRID_TOL if family in ("qwen3_5", "qwen3_next") else TOL
 VOCAB = 400  # below every tiny model's vocabulary
 
 
@@ -89,7 +98,7 @@ def alone(tiny_model_dir):
 def assert_recomputed(result, batch, alone, family: str) -> None:
     """`result` (cache on, whole batch) equals each sequence run alone without the cache."""
     for got, seq in zip(states(result), batch):
-        torch.testing.assert_close(got, alone(family, seq), **TOL)
+        torch.testing.assert_close(got, alone(family, seq), **tolerance(family))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -202,7 +211,7 @@ def test_tasks_equal_recomputation(engines, family, task):
     want, _ = run(reference)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(values(g), dtype=np.float64), np.asarray(values(w), dtype=np.float64),
-                                   atol=1e-5, rtol=1e-5)
+                                   **tolerance(family))
     assert engine.prefix_cache.stats().hit_tokens > 0
     assert got[-1].usage.computed_tokens < want[-1].usage.computed_tokens  # the cache saved rows
 

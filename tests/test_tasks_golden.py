@@ -1,5 +1,6 @@
 """Golden tests for the text tasks: each equals transformers run the plain way (whole strings through the
-tokenizer, one sequence at a time, `AutoModelFor*`), on two families; a batch equals its items one by one."""
+tokenizer, one sequence at a time, `AutoModelFor*`), on three families (Qwen3.5: the hybrid one); a batch equals
+its items one by one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from radix_core.engine import Engine
 from radix_core.tasks import TaskConfig
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
 
-FAMILIES = ["qwen3", "llama"]
+FAMILIES = ["qwen3", "llama", "qwen3_5"]
+QWEN3_FORMAT = ("qwen3", "qwen3_5")  # the Qwen3-Reranker and Qwen3-Embedding templates by default
 TOL = dict(atol=1e-4, rtol=1e-4)
 QUERY = "what is the capital of australia"
 DOCS = ["Canberra is the capital city of Australia.", " Sydney is the largest city.", "\nBread is baked.",
@@ -93,9 +95,9 @@ def test_rerank_causal_lm_is_p_yes(engine, hf, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rerank_seq_cls(engine, hf, family):
-    """qwen3 keeps the Qwen3-Reranker prompt; llama uses the tokenizer's (query, document) pair."""
+    """qwen3 and qwen3_5 keep the Qwen3-Reranker prompt; llama uses the tokenizer's (query, document) pair."""
     model, tok = hf(family, "seq_cls")
-    prompts = [tok(rerank_prompt(d))["input_ids"] if family == "qwen3" else tok(QUERY, d)["input_ids"]
+    prompts = [tok(rerank_prompt(d))["input_ids"] if family in QWEN3_FORMAT else tok(QUERY, d)["input_ids"]
                for d in DOCS]
     want = torch.stack([run(model, ids)[0] for ids in prompts])  # (n,): the score at the last token
     got = engine(family, "seq_cls").rerank(QUERY, DOCS, raw_scores=True)
@@ -118,10 +120,10 @@ def test_rerank_sorts_and_cuts(engine):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 def test_embed(engine, hf, family, pooling):
-    """qwen3: Qwen3-Embedding query format plus <|endoftext|>; llama: plain text, no instruction."""
+    """qwen3, qwen3_5: Qwen3-Embedding query format plus <|endoftext|>; llama: plain text, no instruction."""
     model, tok = hf(family, "base")
-    instruction = "Given a question, retrieve passages" if family == "qwen3" else None
-    end = [tok.convert_tokens_to_ids("<|endoftext|>")] if family == "qwen3" else []
+    instruction = "Given a question, retrieve passages" if family in QWEN3_FORMAT else None
+    end = [tok.convert_tokens_to_ids("<|endoftext|>")] if family in QWEN3_FORMAT else []
     prompts = [QWEN3_EMBEDDING.query.format(instruction=instruction, text=t) if instruction else t for t in TEXTS]
     states = [run(model, tok(p)["input_ids"] + end) for p in prompts]
     pooled = torch.stack([s[-1] if pooling == "last" else s.mean(0) for s in states])
@@ -159,8 +161,9 @@ def test_score(engine, hf, family):
         assert s.mean_logprob == pytest.approx(s.logprob / s.num_tokens, abs=1e-6)
 
 
-def test_batch_equals_items_one_by_one(engine):
-    causal, base = engine("qwen3", "causal_lm"), engine("qwen3", "base")
+@pytest.mark.parametrize("family", QWEN3_FORMAT)
+def test_batch_equals_items_one_by_one(engine, family):
+    causal, base = engine(family, "causal_lm"), engine(family, "base")
     batch = {h.index: h.score for h in causal.rerank(QUERY, DOCS).results}
     alone = [causal.rerank(QUERY, [d]).results[0].score for d in DOCS]
     np.testing.assert_allclose([batch[i] for i in range(len(DOCS))], alone, atol=1e-5)
@@ -174,10 +177,11 @@ def test_batch_equals_items_one_by_one(engine):
     np.testing.assert_allclose(scores, [causal.score(CONTEXT, [c]).scores[0].logprob for c in CONTINUATIONS], atol=1e-4)
 
 
-def test_every_mode_gives_the_same_scores(engine):
-    want = engine("qwen3", "causal_lm", "off").rerank(QUERY, DOCS)
+@pytest.mark.parametrize("family", QWEN3_FORMAT)
+def test_every_mode_gives_the_same_scores(engine, family):
+    want = engine(family, "causal_lm", "off").rerank(QUERY, DOCS)
     for radix in ("mlp", "full", "auto"):
-        got = engine("qwen3", "causal_lm", radix).rerank(QUERY, DOCS)
+        got = engine(family, "causal_lm", radix).rerank(QUERY, DOCS)
         assert [h.index for h in got.results] == [h.index for h in want.results]
         np.testing.assert_allclose([h.score for h in got.results], [h.score for h in want.results], atol=1e-5)
 
