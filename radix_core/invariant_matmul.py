@@ -16,9 +16,9 @@ MS MARCO-shaped batch (one thread, CPU time, noisy to a few %): float32 tiles of
 +10 / +8 / +16 / +13% over one call per matmul; bfloat16 tiles +25 / +10 / +10 / +0% (oneDNN's per-call cost
 weighs more next to AMX's speed). So float32 takes 256-row tiles, 16-bit floats 1,024. On the matmuls alone (a
 layer's five linears at 2,560 / 5,836 / 8,200 rows, one thread): float32 +5 / +4 / +13%, bfloat16 +58 / +43 / +59%
-(oneDNN's AMX gemm gains from one large call; weights prepacked for the tile's row count were no faster). `RowTiledLinear` is a
-torch function mode: inside it, the model's own modules (transformers' `nn.Linear`, whose forward calls
-`F.linear`) run tiled, with no module replaced.
+(oneDNN's AMX gemm gains from one large call; weights prepacked for the tile's row count were no faster).
+`RowTiledLinear` is a torch function mode: inside it, the model's own modules (transformers' `nn.Linear`, whose
+forward calls `F.linear`) run tiled, with no module replaced.
 
 Reductions over the last dimension (RMSNorm's and q/k-norm's `mean`, the heads' `sum` and `logsumexp`, the
 embeddings' `norm`): on the CPU torch reduces each row on its own whatever the number of rows (measured: one row's
