@@ -2,15 +2,18 @@
 
 Model: the `bench` preset of `radix_core.tiny_models` as `qwen3_5`: hidden 512, 8 layers (layers 4 and 8 gated
 attention, the other 6 Gated DeltaNet), 8 heads, 4 KV heads, head dim 64 (a quarter rotated), DeltaNet 4 key heads
-and 8 value heads of 64, intermediate 1536, random weights, float32, on the CPU, without the prefix cache (hybrid
-models run without it). Workloads from `workloads.py`: the MS MARCO-shaped rerank (64 sequences: 8 queries x 8
-passages behind one template) and the embedding batch (64 texts of 50-200 tokens behind one 20-token instruction).
+and 8 value heads of 64, intermediate 1536, random weights, float32, on the CPU. Workloads from `workloads.py`: the
+MS MARCO-shaped rerank (64 sequences: 8 queries x 8 passages behind one template) and the embedding batch (64 texts
+of 50-200 tokens behind one 20-token instruction), without the prefix cache; and the few-shot stream of
+`prefix_cache_engine.py` (batches of 4 inputs behind one of 16 prompts of 1,024 tokens) through an engine with the
+cache at its default budget and one without, alternating batch by batch.
 
 Per workload and mode: the forward's time (`timing.interleaved_timings`: median (min-max) over rounds, every mode
 in one process, the order rotating), its speed-up over `off`, and the bound N/N' (original tokens over the compact
 rows the trie leaves: the speed-up if every cost followed the rows). Then the share of the forward the recurrent
 layers take (their `gated_delta_block` calls timed inside the same forwards, synchronously on the CPU) in `off` and
-in `full`, and how much of the recurrent time the trie saves.
+in `full`, and how much of the recurrent time the trie saves. For the few-shot stream: seconds with the cache and
+without, rows computed over tokens (N'/N) each way, the hit ratio.
 
     PYTHONPATH=.:bench python bench/hybrid_bench.py --repeats 5 [--threads 1] [--out bench/results]
 
@@ -30,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from timing import Timing, interleaved_timings
+from prefix_cache_engine import few_shot, run_stream
 from workloads import embedding_instruction, msmarco_ids
 
 from radix_core import hybrid_layers
@@ -38,6 +42,7 @@ from radix_core.index import build_radix_index, flatten_sequences
 from radix_core.tiny_models import PRESETS, make_tiny_model
 
 MODES = ("off", "mlp", "full", "auto")
+FEW_SHOT_BATCHES = 24
 WORKLOADS: dict[str, Callable[[np.random.Generator], list[list[int]]]] = {
     "msmarco-rerank 64 seqs": msmarco_ids,
     "embed 64x(20+50..200)": embedding_instruction,
@@ -87,7 +92,9 @@ def run(repeats: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         model = make_tiny_model(Path(tmp) / "qwen3_5-bench", "qwen3_5", "base", **PRESETS["bench"])
         engine = Engine.from_pretrained(str(model), device="cpu", dtype="float32", radix="auto", prefix_cache_bytes=0)
-    engine.warm_up()  # calibrates the cost model auto chooses by
+        cached = Engine.from_pretrained(str(model), device="cpu", dtype="float32", radix="auto")
+    for warmed in (engine, cached):
+        warmed.warm_up()  # calibrates the cost model auto chooses by
     lines = ["| workload | N / N' | " + " | ".join(f"{m} s" for m in MODES) + " | mlp x | full x | auto x (ran) |",
              "|---|---|" + "---|" * len(MODES) + "---|---|---|"]
     shares = ["| workload | mode | forward s | recurrent s | recurrent share |", "|---|---|---|---|---|"]
@@ -107,8 +114,16 @@ def run(repeats: int) -> str:
             shares.append(f"| {name} | {mode} | {total:.3f} | {recurrent:.3f} | {recurrent / total:.0%} |")
         saved.append(f"* {name}: the recurrent layers take {split['off'][1]:.3f} s in `off` and "
                      f"{split['full'][1]:.3f} s in `full` ({split['off'][1] / split['full'][1]:.2f}x less).")
+    with torch.inference_mode():
+        stream = run_stream(cached, engine, few_shot(np.random.default_rng(0), FEW_SHOT_BATCHES))
+    plain_rows, cached_rows = stream["N'/N no cache"], stream["N'/N cache"]
+    few = ["| stream | seconds cache | seconds no cache | speed-up | N'/N no cache | N'/N cache | hit ratio |",
+           "|---|---|---|---|---|---|---|",
+           f"| few-shot 16x1024 + 4x(20..60), {FEW_SHOT_BATCHES} batches | {stream['seconds cache']:.2f} | "
+           f"{stream['seconds no cache']:.2f} | {stream['speed-up']:.2f} | {plain_rows:.3f} | {cached_rows:.3f} | "
+           f"{stream['hit ratio']:.3f} |"]
     return "\n".join(["## Modes", "", *lines, "", "## The recurrent layers' share of the forward", "", *shares, "",
-                      *saved, ""])
+                      *saved, "", "## Few-shot stream, prefix cache vs none", "", *few, ""])
 
 
 def main() -> None:
