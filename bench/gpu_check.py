@@ -24,6 +24,9 @@ one command for a lent GPU machine. Sections (`--sections`, default all, in this
 * `invariance` (`gpu_engine_checks.py`): `batch_invariant` (issue 32): a sequence's final hidden states bitwise the
   same alone and inside other batches, in every mode, prefix cache cold and warm, fp32 and bf16 (Triton chunk tiles,
   fixed row tiles); the default engine's differences on the same batches noted beside.
+* `hybrid` (`gpu_engine_checks.py`): a tiny Qwen3.5 (Gated DeltaNet + gated attention) in fp32 and bf16, each
+  backend and mode, against a CPU float64 engine; the recurrence through flash-linear-attention's chunked kernel
+  when it is installed (the `gpu` extra), else the torch reference rule (the section's title says which).
 * `paper`: the paper's shape for correctness.
 * `timings` (CUDA events, warmups, medians): `gather_rows` vs `torch.index_select` on rows 16000 and 100000,
   widths 1024 and 2048, bf16; attention on 32 x (2048 shared + 256 unique) tokens with Qwen3-8B heads (32 query
@@ -62,7 +65,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
-from gpu_engine_checks import engine_checks, invariance_checks, task_checks, warmup_timings
+from gpu_engine_checks import engine_checks, hybrid_checks, invariance_checks, task_checks, warmup_timings
 from gpu_report import CHECK_COLUMNS, TIMING_COLUMNS, Check, Report
 
 from radix_core.attention import AttentionMetadata, FlashAttention, TritonAttention
@@ -422,6 +425,7 @@ SECTIONS: dict[str, Callable[[Report, Run], None]] = {
     "engine": lambda report, run: engine_checks(report, run.attentions),
     "tasks": lambda report, run: task_checks(report, run.attentions),
     "invariance": lambda report, run: invariance_checks(report, run.attentions),
+    "hybrid": lambda report, run: hybrid_checks(report, run.attentions),
     "paper": paper_checks,
     "timings": timings,
 }

@@ -12,6 +12,7 @@ add no queries), and a batch of more than 256 blocks (flash-attn 4's other sched
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import os
 import tempfile
 from collections.abc import Callable
@@ -246,3 +247,29 @@ def _differing(engine: Engine, seqs: list[list[int]], mode: str, cached: bool, a
     got = engine.hidden_states(seqs, mode=mode)[-1]
     return float((got.view(torch.int16 if got.element_size() == 2 else torch.int32)
                   != alone.view(torch.int16 if alone.element_size() == 2 else torch.int32)).sum().item())
+
+
+def hybrid_checks(report: Report, attentions) -> None:
+    """A tiny Qwen3.5 (Gated DeltaNet + gated attention, 3:1) on CUDA in each dtype x backend x mode against the CPU
+    float64 engine, on the same batches as the engine section. With `flash-linear-attention` installed (the `gpu`
+    extra) the recurrence runs its chunked Triton kernel (transformers' `torch_chunk_gated_delta_rule` dispatches to
+    `fla`'s `chunk_gated_delta_rule`, with each chain's `initial_state`); without, the torch reference rule."""
+    rule = "fla chunked kernel" if importlib.util.find_spec("fla") is not None else "torch reference rule"
+    report.section(f"Hybrid model (qwen3_5, {rule}) against a CPU float64 engine (error relative to max abs value)",
+                   CHECK_COLUMNS)
+    capability = torch.cuda.get_device_capability()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(make_tiny_model(Path(tmp) / "hybrid", "qwen3_5", "base"))
+        reference = Engine.from_pretrained(model_dir, device="cpu", dtype=torch.float64, radix="off",
+                                           attention="torch", prefix_cache_bytes=0)
+        batches = hidden_batches(reference.arch.vocab_size)
+        expected = {name: torch.cat(reference.hidden_states(seqs)) for name, seqs in batches.items()}  # (N, hidden)
+        for dtype in (torch.float32, torch.bfloat16):
+            for attention, supported in backends(dtype, capability, attentions):
+                for mode in MODES:
+                    engine = _engine(report, model_dir, dtype, attention, mode, supported)
+                    for name, seqs in batches.items():
+                        if engine is not None:
+                            report.guarded(f"hybrid attention={attention} mode={mode}", f"qwen3_5 3:1, {name}",
+                                           _name(dtype), ENGINE_TOLERANCE[dtype],
+                                           lambda: _relative(torch.cat(engine.hidden_states(seqs)), expected[name]))

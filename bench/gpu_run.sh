@@ -13,6 +13,8 @@
 #   kernels        Triton kernels and cascade against their references, incl. > 256 blocks; the paper's shape
 #   engine         the engine (off, mlp, full) and every task head against a CPU float64 engine; batch_invariant
 #                  bitwise the same in any batch, mode and cache state (issue 32)
+#   hybrid         a tiny Qwen3.5 against a CPU float64 engine, the recurrence through flash-linear-attention's
+#                  chunked kernel where it is installed
 #   flash          the same checks for flash-attn 4, only where its wheels were carried
 #   timings        gathers and attention on the paper's shape (flash-attn 4's too when installed)
 #
@@ -153,6 +155,7 @@ PARTS=(
   "warmup-cached 60 --sections warmup --attention $WARM"
   "kernels 120 --sections kernels paper --attention torch triton"
   "engine 170 --sections engine tasks invariance --attention torch triton"
+  "hybrid 90 --sections hybrid --attention torch triton"
 )
 [[ $ATTENTIONS == *flash* ]] && PARTS+=("flash 150 --sections kernels engine tasks paper --attention flash")
 PARTS+=("timings 120 --sections timings --attention $ATTENTIONS")

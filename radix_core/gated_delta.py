@@ -19,8 +19,10 @@ in `off`) the recurrence of every root-to-leaf path is a recurrence along the fo
   children (and at cuts).
 
 This is the function transformers computes per sequence, up to float reassociation (its chunks of 64 start at
-position 0, ours at each chain's first row). The rule itself is the family's own torch reference
-(`torch_chunk_gated_delta_rule` of its modeling module), fp32 inside.
+position 0, ours at each chain's first row). The rule itself is the family's own `torch_chunk_gated_delta_rule`
+(of its modeling module): the torch reference, fp32 inside, or, where flash-linear-attention imports (the `gpu`
+extra, CUDA), its chunked Triton kernel, to which transformers dispatches the same call (batched chains,
+`initial_state`, `output_final_state`).
 
 With the prefix cache (`radix_core.cached_rows.EndShape`) a root row may continue a cached path: its chain starts
 from the cached state (`past` sources) and its window reaches into the cached convolution tail (rows after the
