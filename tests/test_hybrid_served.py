@@ -1,6 +1,7 @@
 """A hybrid model served end to end: a tiny Qwen3.5 reranker (Gated DeltaNet + gated attention, the Qwen3-Reranker
-prompt) on the shared serve cluster answers rerank over gRPC and HTTP (Cohere v2) as the library does; the
-replica's prefix cache holds its recurrent state, so the repeated query reads the prompt from the cache."""
+prompt) on the shared serve cluster answers rerank, embed, classify and score over gRPC and HTTP (Cohere v2, OpenAI
+embeddings) as the library does; the replica's prefix cache holds its recurrent state, so the repeated query reads
+the prompt from the cache."""
 
 from __future__ import annotations
 
@@ -49,3 +50,22 @@ def test_rerank_over_grpc_and_http_equals_the_library(app, model_dir):
                             timeout=60).json()
     assert [r["index"] for r in http_reply["results"]] == want_index
     np.testing.assert_allclose([r["relevance_score"] for r in http_reply["results"]], want_score, atol=TOL)
+
+
+def test_embed_classify_and_score_over_grpc_and_http_equal_the_library(app, model_dir):
+    local = Engine.from_pretrained(model_dir, device="cpu")
+    stub = ScoringStub(app.channel)
+    texts = DOCS[:3]
+    want = local.embed(texts).embeddings
+    grpc_embed = stub.Embed(pb.EmbedRequest(texts=texts), timeout=60)
+    np.testing.assert_allclose([list(e.values) for e in grpc_embed.embeddings], want, atol=TOL)
+    http_embed = httpx.post(f"http://127.0.0.1:{app.http_port}/v1/embeddings", json={"input": texts, "encoding_format": "float"},
+                            timeout=60).json()
+    np.testing.assert_allclose([d["embedding"] for d in http_embed["data"]], want, atol=TOL)
+    labels = ["yes", "no"]
+    classified = stub.Classify(pb.ClassifyRequest(inputs=texts, labels=labels), timeout=60)
+    np.testing.assert_allclose([list(c.probabilities) for c in classified.results],
+                               local.classify(texts, labels).probabilities, atol=TOL)
+    scored = stub.Score(pb.ScoreRequest(context=QUERY, continuations=texts), timeout=60)
+    want_logprobs = [s.logprob for s in local.score(QUERY, texts).scores]
+    np.testing.assert_allclose([s.logprob for s in scored.scores], want_logprobs, atol=1e-4)
