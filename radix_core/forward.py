@@ -174,8 +174,8 @@ def chunk_rows(arch: Architecture, h: torch.Tensor) -> int | None:
     CHUNK_BYTES, so a chunk's activations stay in the core's cache between the ops that read them; on an
     accelerator, all rows at once (None). Measured on the CPU, one thread, CPU time (1 MiB was the best of 256 KiB
     to 4 MiB): a 1,000-document rerank of the `tiny` preset (55,000 rows, whose elementwise ops ran 2-2.5x slower
-    on all rows at once than on 125-document batches) 1.34 -> 0.97 s; the `bench` preset's engine shapes 6-9%
-    faster in `full` and 10-24% in `off`. Rounded up to a multiple of the batch-invariant mode's gemm tile
+    on all rows at once than on 125-document batches) 1.34 -> 0.97 s; the `bench` preset's engine shapes 10-24%
+    faster in `off` and 5-9% in `full` (its 32 x (512 + 64) shape within noise). Rounded up to a multiple of the batch-invariant mode's gemm tile
     (`invariant_matmul.row_tile`), so that mode pads no chunk but the last."""
     if h.device.type != "cpu":
         return None
