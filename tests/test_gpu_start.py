@@ -202,7 +202,7 @@ def test_gpu_run_dry_run_plans_every_part_and_joins_split_wheels(tmp_path):
     assert (tmp_path / "stash" / wheel).read_bytes() == content
     summary = (tmp_path / "out" / "gpu_run.md").read_text()
     parts = [line.split("`")[1] for line in summary.splitlines() if line.startswith("| ") and "`" in line]
-    assert parts == ["warmup-cold", "warmup-cached", "kernels", "engine", "flash", "timings"], summary
+    assert parts == ["warmup-cold", "warmup-cached", "kernels", "engine", "hybrid", "flash", "timings"], summary
     assert "would install:" in summary and "--attention torch triton flash" in summary
     assert "dry run" in summary and "arguments of every part parse" in summary
 
