@@ -217,5 +217,5 @@ def test_gpu_run_without_a_gpu_records_each_part_and_keeps_to_its_budget(tmp_pat
     assert done.returncode == 1, done.stdout + done.stderr
     rows = [line for line in (tmp_path / "gpu_run.md").read_text().splitlines() if line.startswith("| `")]
     results = [row.split(" | ")[1] for row in rows]
-    assert len(rows) == 5 and set(results) <= {"exit 2", "not run: the budget of 20 s is spent"}, rows
+    assert len(rows) == 6 and set(results) <= {"exit 2", "not run: the budget of 20 s is spent"}, rows
     assert results[-1].startswith("not run")
