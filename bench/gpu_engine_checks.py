@@ -83,22 +83,27 @@ def hidden_batches(vocab_size: int) -> dict[str, list[list[int]]]:
 def engine_checks(report: Report, attentions) -> None:
     """Hidden states of each dtype x backend x mode against the float64 CPU engine, on the head_dim 128 model."""
     report.section("Engine against a CPU float64 engine (error relative to max abs value)", CHECK_COLUMNS)
-    capability = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(Path(tmp) / "base", "qwen3", "base", **MODEL))
-        reference = Engine.from_pretrained(model_dir, device="cpu", dtype=torch.float64, radix="off",
-                                           attention="torch")
-        batches = hidden_batches(reference.arch.vocab_size)
-        expected = {name: torch.cat(reference.hidden_states(seqs)) for name, seqs in batches.items()}  # (N, hidden)
-        for dtype in DTYPES:
-            for attention, supported in backends(dtype, capability, attentions):
-                for mode in MODES:
-                    engine = _engine(report, model_dir, dtype, attention, mode, supported)
-                    for name, seqs in batches.items():
-                        if engine is not None:
-                            report.guarded(f"engine attention={attention} mode={mode}", f"D=128, 4/2 heads, {name}",
-                                           _name(dtype), ENGINE_TOLERANCE[dtype],
-                                           lambda: _relative(torch.cat(engine.hidden_states(seqs)), expected[name]))
+        _hidden_state_checks(report, model_dir, "engine", "D=128, 4/2 heads", DTYPES, attentions)
+
+
+def _hidden_state_checks(report: Report, model_dir: str, label: str, detail: str, dtypes, attentions) -> None:
+    """`model_dir`'s hidden states on CUDA, each of `dtypes` x backend x mode, against its CPU float64 engine."""
+    capability = torch.cuda.get_device_capability()
+    reference = Engine.from_pretrained(model_dir, device="cpu", dtype=torch.float64, radix="off", attention="torch",
+                                       prefix_cache_bytes=0)
+    batches = hidden_batches(reference.arch.vocab_size)
+    expected = {name: torch.cat(reference.hidden_states(seqs)) for name, seqs in batches.items()}  # (N, hidden)
+    for dtype in dtypes:
+        for attention, supported in backends(dtype, capability, attentions):
+            for mode in MODES:
+                engine = _engine(report, model_dir, dtype, attention, mode, supported)
+                for name, seqs in batches.items():
+                    if engine is not None:
+                        report.guarded(f"{label} attention={attention} mode={mode}", f"{detail}, {name}",
+                                       _name(dtype), ENGINE_TOLERANCE[dtype],
+                                       lambda: _relative(torch.cat(engine.hidden_states(seqs)), expected[name]))
 
 
 def task_checks(report: Report, attentions) -> None:
@@ -257,19 +262,6 @@ def hybrid_checks(report: Report, attentions) -> None:
     rule = "fla chunked kernel" if importlib.util.find_spec("fla") is not None else "torch reference rule"
     report.section(f"Hybrid model (qwen3_5, {rule}) against a CPU float64 engine (error relative to max abs value)",
                    CHECK_COLUMNS)
-    capability = torch.cuda.get_device_capability()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(Path(tmp) / "hybrid", "qwen3_5", "base"))
-        reference = Engine.from_pretrained(model_dir, device="cpu", dtype=torch.float64, radix="off",
-                                           attention="torch", prefix_cache_bytes=0)
-        batches = hidden_batches(reference.arch.vocab_size)
-        expected = {name: torch.cat(reference.hidden_states(seqs)) for name, seqs in batches.items()}  # (N, hidden)
-        for dtype in (torch.float32, torch.bfloat16):
-            for attention, supported in backends(dtype, capability, attentions):
-                for mode in MODES:
-                    engine = _engine(report, model_dir, dtype, attention, mode, supported)
-                    for name, seqs in batches.items():
-                        if engine is not None:
-                            report.guarded(f"hybrid attention={attention} mode={mode}", f"qwen3_5 3:1, {name}",
-                                           _name(dtype), ENGINE_TOLERANCE[dtype],
-                                           lambda: _relative(torch.cat(engine.hidden_states(seqs)), expected[name]))
+        _hidden_state_checks(report, model_dir, "hybrid", "qwen3_5 3:1", (torch.float32, torch.bfloat16), attentions)
