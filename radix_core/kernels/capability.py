@@ -65,3 +65,13 @@ def check_ndim(name: str, what: str, tensor: torch.Tensor, ndim: int, layout: st
     """Raise a `ValueError` unless `tensor` has `ndim` dimensions; `layout` spells the expected shape."""
     if tensor.dim() != ndim:
         raise ValueError(f"{name}: {what} must be {layout}, got shape {tuple(tensor.shape)}")
+
+
+def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ndim: int, layout: str) -> None:
+    """Raise a `ValueError` unless q, k and v each have `ndim` dimensions (`layout`), a float dtype and a contiguous
+    last (head) dimension."""
+    for what, t in (("q", q), ("k", k), ("v", v)):
+        check_ndim(name, what, t, ndim, layout)
+        check_dtype(name, what, t, FLOAT_DTYPES)
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: {what} must have a contiguous head dim (strides {t.stride()})")

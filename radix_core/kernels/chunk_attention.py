@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radix_core.kernels.capability import FLOAT_DTYPES, INTERPRETED, check_dtype, check_ndim, check_runnable, \
-    launch_device
+from radix_core.kernels.capability import INTERPRETED, check_qkv, check_runnable, launch_device
 from radix_core.kernels.segment_attention import _LN_2, _LOG2_E, _dot
 
 
@@ -60,11 +59,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tor
     (T, Hq, TQ, D) in q's dtype, lse (T, Hq, TQ) float32 natural log), both laid out query-major in memory (views of
     (T, TQ, Hq, ...), as the CPU kernel's output is), so `.transpose(1, 2)` gives the rows back to back."""
     name = "chunk_attention"
-    for what, t in (("q", q), ("k", k), ("v", v)):
-        check_ndim(name, what, t, 4, "(tiles, heads, rows, head_dim)")
-        check_dtype(name, what, t, FLOAT_DTYPES)
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name}: {what} must have a contiguous head dim (strides {t.stride()})")
+    check_qkv(name, q, k, v, 4, "(tiles, heads, rows, head_dim)")
     tiles, heads, tq, dim = q.shape
     if k.shape != v.shape or k.shape[0] != tiles or k.shape[3] != dim or heads % k.shape[1]:
         raise ValueError(f"{name}: k and v must be (T, Hkv, CK, D) with q's T and D and Hq % Hkv == 0; got q "

@@ -31,11 +31,11 @@ import triton
 import triton.language as tl
 
 from radix_core.kernels.capability import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
     INTERPRETED,
     check_dtype,
     check_ndim,
+    check_qkv,
     check_runnable,
     launch_device,
 )
@@ -302,11 +302,7 @@ def _check_attention_args(q, k, v, cu_seqlens_q, key_start, key_end, max_seqlen_
     """Raise a `ValueError` saying which argument is wrong, before anything reaches the kernel; return the
     number of queries `P`."""
     name = "segment_attention"
-    for what, t in (("q", q), ("k", k), ("v", v)):
-        check_ndim(name, what, t, 3, "(rows, heads, head_dim)")
-        check_dtype(name, what, t, FLOAT_DTYPES)
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name}: {what} must have a contiguous head dim (strides {t.stride()})")
+    check_qkv(name, q, k, v, 3, "(rows, heads, head_dim)")
     indices = {"cu_seqlens_q": cu_seqlens_q, "key_start": key_start, "key_end": key_end}
     if q_rows is not None:
         indices["q_rows"] = q_rows
