@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the table to OUT/engine_profile.md")
     args = parser.parse_args()
     model_dir = make_tiny_model(Path(tempfile.mkdtemp()) / "bench", "qwen3", "base", **PRESETS["bench"])
-    engine = Engine.from_pretrained(str(model_dir), device="cpu")
+    engine = Engine.from_pretrained(str(model_dir), device="cpu", prefix_cache_bytes=0)  # compute, not cache hits
     sequences = make_batch(args.shape)
     rows = [f"## {args.shape}\n",
             f"`python bench/engine_profile.py --shape \"{args.shape}\" --modes {' '.join(args.modes)}`; "

@@ -54,6 +54,7 @@ from workloads import MsMarco, msmarco_texts, rerank_stream, token_counter
 from deployments.app import build
 from deployments.config import AppArgs
 from radix_core.engine import Engine
+from radix_core.host_memory import keep_freed_memory
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
 SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
@@ -222,6 +223,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    keep_freed_memory()  # the host allocator the engine replica runs with, for the in-process candidates
     rng = np.random.default_rng(args.seed)
     rounds = args.repeats + 1
     works = [workload(rng, args.large, args.large_requests, 1, rounds, args.clients),

@@ -57,6 +57,7 @@ from workloads import (
 from deployments.app import build
 from deployments.batcher import BATCH_STAGES
 from radix_core.engine import Engine
+from radix_core.host_memory import keep_freed_memory
 from radix_core.tasks import TASKS
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
@@ -223,6 +224,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="leave the padded baseline out (a shorter run)")
     args = parser.parse_args()
+    keep_freed_memory()  # the host allocator the engine replica runs with, for the in-process candidates
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
                                     **PRESETS["bench"]))
     work = {name: requests for name, requests in streams(args, np.random.default_rng(args.seed)).items()

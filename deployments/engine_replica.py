@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -50,12 +51,14 @@ from ray.exceptions import RayActorError
 
 from deployments import request_ids
 from deployments.batcher import QueueFullError, TokenBudgetBatcher
+from deployments.compute_thread import ComputeThread
 from deployments.config import AppArgs
 from deployments.engine_request import EngineRequest
 from deployments.index_builder import IndexBuilder, build_batch
 from deployments.metrics import EngineMetrics
 from radix_core import Engine, EngineConfig
 from radix_core.batch import PreparedBatch
+from radix_core.host_memory import keep_freed_memory
 from radix_core.tasks import TaskJob
 
 logger = logging.getLogger("ray.serve")
@@ -69,10 +72,12 @@ class EngineReplica:
     def __init__(self, args: AppArgs, engine: EngineConfig):
         """`engine`: `args.engine` with this deployment's device (`deployments.placement.engine_config`)."""
         self.batching = args.batching
+        keep_freed_memory()
+        self.compute = ComputeThread()  # every torch call of the replica runs there
         if engine.device == "cpu":
-            torch.set_num_threads(cpu_threads())
-        self.engine = Engine.from_pretrained(args.model, engine, tasks=args.tasks)
-        seconds = self.engine.warm_up()  # kernels compile here, before Serve marks the replica ready
+            self.compute.call(torch.set_num_threads, cpu_threads())
+        self.engine = self.compute.call(functools.partial(Engine.from_pretrained, args.model, engine, tasks=args.tasks))
+        seconds = self.compute.call(self.engine.warm_up)  # kernels compile here, before Serve marks the replica ready
         logger.info("engine warmed up in %.1f s (attention %s, %s)", seconds, self.engine.backend.name,
                     self.engine.dtype)
         pipelined = self.batching.pipelined
@@ -122,6 +127,8 @@ class EngineReplica:
     async def check_health(self) -> None:
         """Serve's health probe: the device must still compute (else Serve replaces the replica); a dead
         IndexBuilder is replaced here rather than failing the replica."""
+        # Beside the compute thread, so that a long batch does not fail the probe; its one-element op starts no
+        # parallel region (no OpenMP team of its own, `deployments.compute_thread`).
         await asyncio.to_thread(self.engine.check_device)
         builder = self.builder
         if builder is None:
@@ -166,14 +173,14 @@ class EngineReplica:
 
     async def _build_and_run(self, items: list[ScopedJob]) -> list[Any]:
         """`index_builder: inline`: build and run one after the other (the pipeline benchmark's baseline)."""
-        prepared = await asyncio.to_thread(build_batch, self.engine.limits, self.engine.radix,
+        prepared = await self.compute.run(build_batch, self.engine.limits, self.engine.radix,
                                            [job for job, _ in items])
         return await self._forward(items, prepared)
 
     async def _forward(self, items: list[ScopedJob], prepared: PreparedBatch) -> list[Any]:
         """The jobs' partial results, each job reading and filling its request's prefix cache scope."""
         jobs, scopes = [job for job, _ in items], [scope for _, scope in items]
-        results = await asyncio.to_thread(self.engine.run_jobs, jobs, prepared, scopes)
+        results = await self.compute.run(self.engine.run_jobs, jobs, prepared, scopes)
         self._ran(prepared, results)
         return results
 
