@@ -2,10 +2,11 @@
 and HTTP, against the forward it has to keep busy.
 
 For each model preset (`tiny`: a small forward; `bench`) and request size (`--large` MS MARCO-shaped documents per
-request, Cohere's 1,000 by default, and `--small`, 8), in one run and one process, interleaved round by round
-(`bench/timing.py`):
+request, Cohere's 1,000 by default, and `--small`, 8), in one run, interleaved round by round (`bench/timing.py`);
+the in-process candidates run in a child process without Ray (`bench/in_process_worker.py` says why), with the host
+allocator the engine replica sets (`radix_core.host_memory`):
 
-* `in-process stages`: the served path's functions run in this process (`bench/host_stages.py`), each stage under
+* `in-process stages`: the served path's functions run in one process (`bench/host_stages.py`), each stage under
   its own clock, wall time per 1,000 documents: decode + check, tokenize + split, key + route, cache lookup,
   batcher, index build, plan, forward, cache commit, finish, merge, encode (each transport's decode and encode);
 * `served gRPC` / `served HTTP`: the application as `serve run serve_config.yaml` builds it (one engine replica,
@@ -40,21 +41,17 @@ from pathlib import Path
 
 import numpy as np
 import ray
-from host_stages import HostPath, StageClock, stages
+from host_stages import stages
+from in_process_worker import CANDIDATES, InProcess
 from load_driver import LoadDriver
 from local_serve import free_port, start_serve
 from machine import machine, plot_title, tiny_model
-from padded_baseline import padded_rerank
 from ray import serve
 from timing import interleaved_timings
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from wire import TRANSPORTS
 from workloads import MsMarco, msmarco_texts, rerank_stream, token_counter
 
 from deployments.app import build
-from deployments.config import AppArgs
-from radix_core.engine import Engine
-from radix_core.host_memory import keep_freed_memory
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
 SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
@@ -109,29 +106,18 @@ def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {key: after[key] - before[key] for key in after}
 
 
-def measure(work: Workload, engine: Engine, plain, tokenizer, path: HostPath, calls: dict, handle,
-            args) -> dict:
-    """One preset and size: the interleaved rounds, then full load through each transport; seconds per 1,000
-    documents unless named otherwise."""
+def measure(key: int, work: Workload, inproc: InProcess, calls: dict, handle, args) -> dict:
+    """One preset and size (`key`: the workload's index): the interleaved rounds, then full load through each
+    transport; seconds per 1,000 documents unless named otherwise."""
     per_k = 1000 / work.round_docs
-    clocks: list[StageClock] = []
-
-    def stages_round() -> None:
-        path.clock = StageClock()
-        run_stages()
-        clocks.append(path.clock)
-
-    run_stages = each_round(path.answer, work)
-    runners = {"in-process stages": stages_round,
-               "in-process engine": each_round(lambda r: engine.rerank(**r), work),
-               "plain transformers": each_round(
-                   lambda r: padded_rerank(plain, tokenizer, r["query"], r["documents"], args.padded_batch), work),
+    runners = {**{name: inproc.runner(name, key) for name in CANDIDATES},
                **{f"served {name}": each_round(call, work) for name, call in calls.items()}}
+    inproc.stage_seconds()  # rounds of the workloads before
     before = batch_seconds(handle)
     timings = interleaved_timings(runners, args.repeats)
     server = since(before, batch_seconds(handle))
-    timed = clocks[1:]  # the first call warmed up
-    stage_s = {name: per_k * float(np.mean([c.seconds.get(name, 0.0) for c in timed]))
+    timed = inproc.stage_seconds()[1:]  # the first call warmed up
+    stage_s = {name: per_k * float(np.mean([c.get(name, 0.0) for c in timed]))
                for name in {s for t in TRANSPORTS for s in stages(t.name)}}
     result = {"docs": work.docs, "round_docs": work.round_docs,
               "runners": {name: {"median": t.median * per_k, "low": t.low * per_k, "high": t.high * per_k}
@@ -195,18 +181,13 @@ def run_preset(preset: str, works: list[Workload], config: dict, ports: tuple[in
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / f"{preset}-qwen3", "qwen3", "causal_lm",
                                     **PRESETS[preset]))
     app_args, handle = deploy(model_dir, config)
-    settings = AppArgs.model_validate(app_args)
-    engine = Engine.from_pretrained(model_dir, settings.engine, tasks=settings.tasks)
-    engine.warm_up()  # as the replica does: kernels, and auto's cost model
-    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine.dtype).to(engine.device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    path = HostPath(engine, settings.batching, settings.limits.max_request_tokens)
+    inproc = InProcess(model_dir, app_args, args.padded_batch, {i: w.rounds for i, w in enumerate(works)})
     try:
         with ExitStack() as stack:
             calls = {t.name: stack.enter_context(t.client(*ports)) for t in TRANSPORTS}
-            return {w.docs: measure(w, engine, plain, tokenizer, path, calls, handle, args) for w in works}
+            return {w.docs: measure(i, w, inproc, calls, handle, args) for i, w in enumerate(works)}
     finally:
-        path.close()
+        inproc.close()
         serve.delete("radixserve")
 
 
@@ -223,7 +204,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    keep_freed_memory()  # the host allocator the engine replica runs with, for the in-process candidates
     rng = np.random.default_rng(args.seed)
     rounds = args.repeats + 1
     works = [workload(rng, args.large, args.large_requests, 1, rounds, args.clients),
