@@ -166,16 +166,19 @@ def _attention(arch, i, layer, h, cos, sin, plan, backend, chunks: list[slice]) 
     return backend(q, k, v, plan.attention, attn.scaling, past)  # (R, Hq, D)
 
 
-CHUNK_BYTES = 1 << 20  # the widest activation of a chunk of rows (the MLP's intermediate), on the CPU
+CHUNK_BYTES = 2 << 20  # the widest activation of a chunk of rows (the MLP's intermediate), on the CPU
 
 
 def chunk_rows(arch: Architecture, h: torch.Tensor) -> int | None:
     """Rows per chunk of position-wise work: on the CPU, as many as keep the MLP's widest activation within
-    CHUNK_BYTES, so a chunk's activations stay in the core's cache between the ops that read them; on an
-    accelerator, all rows at once (None). Measured on the CPU, one thread, CPU time (1 MiB was the best of 256 KiB
-    to 4 MiB): a 1,000-document rerank of the `tiny` preset (55,000 rows, whose elementwise ops ran 2-2.5x slower
-    on all rows at once than on 125-document batches) 1.34 -> 0.97 s; the `bench` preset's engine shapes 10-24%
-    faster in `off` and 5-9% in `full` (its 32 x (512 + 64) shape within noise). Rounded up to a multiple of the batch-invariant mode's gemm tile
+    CHUNK_BYTES, so a chunk's activations stay in the cores' caches between the ops that read them; on an
+    accelerator, all rows at once (None). Measured on 2 CPUs (an Intel Xeon), torch 2.13, wall time of a forward,
+    prefix cache off: against all rows at once, a 1,000-document rerank of the `tiny` preset (55,000 rows, whose
+    elementwise ops ran 2-2.5x slower on all rows than on 125-document batches) 1.34 -> 0.97 s on one thread; the
+    `bench` preset's `no sharing` batch in `off` 2.07 -> 1.97 s and MS MARCO rerank in `full` 1.43 -> 1.44 s on two.
+    2 MiB against 1 MiB: `bench` 1.97 vs 2.19 s and 1.44 vs 1.59 s on two threads, 3.82 vs 3.88 s and 2.70 vs
+    2.78 s on one; `tiny` (7 batches of a 1,000-document rerank) 0.62 s both; 4 MiB within 2% of 2 MiB on `bench`,
+    4% slower on `tiny`. Rounded up to a multiple of the batch-invariant mode's gemm tile
     (`invariant_matmul.row_tile`), so that mode pads no chunk but the last."""
     if h.device.type != "cpu":
         return None
