@@ -3,7 +3,7 @@ and HTTP, against the forward it has to keep busy.
 
 For each model preset (`tiny`: a small forward; `bench`) and request size (`--large` MS MARCO-shaped documents per
 request, Cohere's 1,000 by default, and `--small`, 8), in one run, interleaved round by round (`bench/timing.py`);
-the in-process candidates run in a child process without Ray (`bench/in_process_worker.py` says why), with the host
+the in-process candidates run in a child process without Ray (`bench/child_process.py` says why), with the host
 allocator the engine replica sets (`radix_core.host_memory`):
 
 * `in-process stages`: the served path's functions run in one process (`bench/host_stages.py`), each stage under
@@ -44,7 +44,8 @@ from pathlib import Path
 import numpy as np
 import ray
 from host_stages import stages
-from in_process_worker import CANDIDATES, InProcess
+from child_process import ChildProcess
+from in_process_worker import CANDIDATES, host_path_candidates
 from load_driver import LoadDriver
 from local_serve import free_port, start_serve
 from machine import machine, plot_title, tiny_model
@@ -108,17 +109,17 @@ def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {key: after[key] - before[key] for key in after}
 
 
-def measure(key: int, work: Workload, inproc: InProcess, calls: dict, handle, args) -> dict:
+def measure(key: int, work: Workload, inproc: ChildProcess, calls: dict, handle, args) -> dict:
     """One preset and size (`key`: the workload's index): the interleaved rounds, then full load through each
     transport; seconds per 1,000 documents unless named otherwise."""
     per_k = 1000 / work.round_docs
     runners = {**{name: inproc.runner(name, key) for name in CANDIDATES},
                **{f"served {name}": each_round(call, work) for name, call in calls.items()}}
-    inproc.stage_seconds()  # rounds of the workloads before
+    inproc.call("clocks")  # rounds of the workloads before
     before = batch_seconds(handle)
     timings = interleaved_timings(runners, args.repeats)
     server = since(before, batch_seconds(handle))
-    timed = inproc.stage_seconds()[1:]  # the first call warmed up
+    timed = inproc.call("clocks")[1:]  # the first call warmed up
     stage_s = {name: per_k * float(np.mean([c.get(name, 0.0) for c in timed]))
                for name in {s for t in TRANSPORTS for s in stages(t.name)}}
     result = {"docs": work.docs, "round_docs": work.round_docs,
@@ -184,7 +185,8 @@ def run_preset(preset: str, works: list[Workload], config: dict, ports: tuple[in
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / f"{preset}-qwen3", "qwen3", "causal_lm",
                                     **PRESETS[preset]))
     app_args, handle = deploy(model_dir, config)
-    inproc = InProcess(model_dir, app_args, args.padded_batch, {i: w.rounds for i, w in enumerate(works)})
+    inproc = ChildProcess(host_path_candidates, model_dir, app_args, args.padded_batch,
+                          {i: w.rounds for i, w in enumerate(works)})
     try:
         with ExitStack() as stack:
             calls = {t.name: stack.enter_context(t.client(*ports)) for t in TRANSPORTS}

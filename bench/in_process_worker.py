@@ -1,18 +1,14 @@
-"""The host-path benchmark's in-process candidates in a process of their own, without Ray.
+"""The served benchmarks' in-process candidates, built in a child process (`bench/child_process.py` says why).
 
-A Ray driver is no place to time an engine: Serve's handle keeps threads of its own there (its router's event loop
-and long-poll client) that take the GIL between the forward's kernels, and while the engine's thread waits for it
-torch's OpenMP worker spins. Measured on 2 CPUs with the `tiny` preset: the same 1,000-document `Engine.rerank`
-took 0.54-0.71 s in a plain process and 0.63-1.70 s in a driver with one Serve application deployed, the OpenMP
-worker burning up to 1.5 CPU-seconds a call. So the benchmark's driver keeps the served candidates and this child
-(started with `spawn`: nothing of the driver's Ray is inherited) runs the in-process ones when asked, one round at a
-time, so that they still interleave with the served rounds.
+`host_path_candidates` (`bench/host_path.py`) returns, per candidate, a call that runs the next round of one
+workload: the served path's stages (`bench/host_stages.py`), `Engine.rerank` (one batch per request) and plain
+transformers in padded batches; `clocks` returns and clears the stage clocks of the stages rounds run so far.
+`serve_bench_candidate` (`bench/serve_bench.py`) returns `in-process`: one round of the engine alone.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from collections.abc import Callable
+import time
 
 from host_stages import HostPath, StageClock
 from padded_baseline import padded_rerank
@@ -20,43 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deployments.config import AppArgs
 from radix_core.engine import Engine
-from radix_core.host_memory import keep_freed_memory
+from radix_core.tasks import TASKS
 
 CANDIDATES = ("in-process stages", "in-process engine", "plain transformers")
 
 
-class InProcess:
-    """The child: `run(candidate, key)` sends it the next round of the workload `key` for `candidate` and waits
-    for it to finish; `stage_seconds()` returns and clears the stage clocks of the stages rounds run so far."""
-
-    def __init__(self, model_dir: str, app_args: dict, padded_batch: int, rounds: dict[int, list[list[dict]]]):
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, model_dir, app_args, padded_batch, rounds),
-                                        daemon=True)
-        self._process.start()
-        self._conn.recv()  # loaded and warmed up
-
-    def runner(self, candidate: str, key: int) -> Callable[[], None]:
-        return lambda: self._ask((candidate, key))
-
-    def stage_seconds(self) -> list[dict[str, float]]:
-        return self._ask(("clocks", None))
-
-    def close(self) -> None:
-        self._conn.send(None)
-        self._process.join(timeout=60)
-
-    def _ask(self, message):
-        self._conn.send(message)
-        answer = self._conn.recv()
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-
-def _serve(conn, model_dir: str, app_args: dict, padded_batch: int, rounds: dict[int, list[list[dict]]]) -> None:
-    keep_freed_memory()  # the host allocator the engine replica runs with
+def host_path_candidates(model_dir: str, app_args: dict, padded_batch: int, rounds: dict[int, list[list[dict]]]):
+    """The candidates over `rounds[key]` (what each sends on its k-th call of workload `key`), and `clocks`."""
     settings = AppArgs.model_validate(app_args)
     engine = Engine.from_pretrained(model_dir, settings.engine, tasks=settings.tasks)
     engine.warm_up()  # as the replica does: kernels, and auto's cost model
@@ -64,26 +30,46 @@ def _serve(conn, model_dir: str, app_args: dict, padded_batch: int, rounds: dict
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     path = HostPath(engine, settings.batching, settings.limits.max_request_tokens)
     clocks: list[dict[str, float]] = []
+    pending = {(candidate, key): iter(sets) for candidate in CANDIDATES for key, sets in rounds.items()}
+
     calls = {"in-process stages": path.answer, "in-process engine": lambda r: engine.rerank(**r),
              "plain transformers": lambda r: padded_rerank(plain, tokenizer, r["query"], r["documents"], padded_batch)}
-    pending = {(candidate, key): iter(sets) for candidate in CANDIDATES for key, sets in rounds.items()}
-    conn.send("ready")
-    try:
-        while (message := conn.recv()) is not None:
-            candidate, key = message
-            if candidate == "clocks":
-                conn.send(clocks[:])
-                clocks.clear()
-                continue
-            try:
-                if candidate == "in-process stages":
-                    path.clock = StageClock()
-                for request in next(pending[(candidate, key)]):
-                    calls[candidate](request)
-                if candidate == "in-process stages":
-                    clocks.append(path.clock.seconds)
-                conn.send(None)
-            except Exception as error:  # noqa: BLE001  (sent to the driver, which raises it)
-                conn.send(error)
-    finally:
-        path.close()
+
+    def run(candidate: str, key: int) -> None:
+        if candidate == "in-process stages":
+            path.clock = StageClock()
+        for request in next(pending[(candidate, key)]):
+            calls[candidate](request)
+        if candidate == "in-process stages":
+            clocks.append(path.clock.seconds)
+
+    def taken() -> list[dict[str, float]]:
+        out = clocks[:]
+        clocks.clear()
+        return out
+
+    return {**{candidate: (lambda key, c=candidate: run(c, key)) for candidate in CANDIDATES}, "clocks": taken}
+
+
+def serve_bench_candidate(model_dir: str, cache_bytes: int | str, requests: list[tuple[str, dict]], clients: int):
+    """`in-process`: the engine with the prefix cache budget `cache_bytes`, warmed up as the replica is (radix
+    `auto`'s cost model measured on this machine), on the requests; see `in_process`."""
+    engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto", prefix_cache_bytes=cache_bytes)
+    engine.warm_up()
+    jobs = [(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
+    return {"in-process": lambda: in_process(engine, jobs, clients)}
+
+
+def in_process(engine: Engine, jobs: list, clients: int) -> dict:
+    """The engine alone: `clients` consecutive requests per batch; every request's latency is its batch's."""
+    latencies, tokens, computed = [], 0, 0
+    start = time.perf_counter()
+    for i in range(0, len(jobs), clients):
+        began = time.perf_counter()
+        chunk = jobs[i:i + clients]
+        results = [task.merge(job, [p]) for (task, job), p in zip(chunk, engine.run_jobs([j for _, j in chunk]))]
+        latencies += [time.perf_counter() - began] * len(chunk)
+        tokens += sum(r.usage.input_tokens for r in results)
+        computed += sum(r.usage.computed_tokens for r in results)
+    return {"seconds": time.perf_counter() - start, "latencies": latencies, "tokens": tokens,
+            "compression": computed / tokens}

@@ -4,8 +4,9 @@ One run, one machine, the same model (the `bench` preset: Qwen3, hidden 512, 8 l
 CPU) and the same request streams for every configuration:
 
 * `in-process`: `Engine.run_jobs` on the requests in arrival order, `--clients` requests per batch (what a server
-  with that many requests in flight could batch at best), no Ray, the radix mode `auto`, warmed up as the replica
-  is (`Engine.warm_up`: without it `auto` chooses by an uncalibrated cost model);
+  with that many requests in flight could batch at best), the radix mode `auto`, warmed up as the replica is
+  (`Engine.warm_up`: without it `auto` chooses by an uncalibrated cost model), in a child process without Ray
+  (`bench/child_process.py` says why);
 * `served`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build` with the YAML's
   args, `placement.accelerator: cpu`, one engine replica, CPU reservations and the radix mode at their defaults),
   called through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
@@ -40,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import ray
+from child_process import ChildProcess
+from in_process_worker import serve_bench_candidate
 from load_driver import LoadDriver
 from local_serve import start_serve
 from machine import plot_title, tiny_model
@@ -56,9 +59,6 @@ from workloads import (
 
 from deployments.app import build
 from deployments.batcher import BATCH_STAGES
-from radix_core.engine import Engine
-from radix_core.host_memory import keep_freed_memory
-from radix_core.tasks import TASKS
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
 
@@ -86,40 +86,24 @@ def compare(model_dir: str, cache: str, requests: list[tuple[str, dict]], client
     alternating which goes first, after one warm-up round each, so the machine's drift touches both alike. Each
     gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of each round's
     pair."""
-    engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto", prefix_cache_bytes=CACHES[cache])
-    engine.warm_up()  # as the replica does: radix auto's cost model measured on this machine
-    jobs = [(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
+    engine = ChildProcess(serve_bench_candidate, model_dir, CACHES[cache], requests, clients)
     app = config["applications"][0]
     args = {**app["args"], "model": model_dir, "engine": {"prefix_cache_bytes": CACHES[cache]},
             "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
     handle = serve.run(build(args), name="radixserve", route_prefix="/")
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
-        runners = {"in-process": lambda: in_process(engine, jobs, clients),
+        runners = {"in-process": engine.runner("in-process"),
                    "served": lambda: served(client, handle, requests, clients)}
         rounds: dict[str, list[dict]] = {name: [] for name in runners}
         for r in tqdm(range(repeats + 1), desc=f"cache {cache}", unit="round"):
             for name in (list(runners) if r % 2 else list(runners)[::-1]):
                 rounds[name].append(runners[name]())
     serve.delete("radixserve")
+    engine.close()
     ratios = [i["seconds"] / s["seconds"] for i, s in zip(rounds["in-process"][1:], rounds["served"][1:])]
     best = {name: median_round(requests, runs[1:]) for name, runs in rounds.items()}
     best["served"]["ratios"] = ratios
     return {f"{name}, cache {cache}": result for name, result in best.items()}
-
-
-def in_process(engine: Engine, jobs: list, clients: int) -> dict:
-    """The engine alone: `clients` consecutive requests per batch; every request's latency is its batch's."""
-    latencies, tokens, computed = [], 0, 0
-    start = time.perf_counter()
-    for i in range(0, len(jobs), clients):
-        began = time.perf_counter()
-        chunk = jobs[i:i + clients]
-        results = [task.merge(job, [p]) for (task, job), p in zip(chunk, engine.run_jobs([j for _, j in chunk]))]
-        latencies += [time.perf_counter() - began] * len(chunk)
-        tokens += sum(r.usage.input_tokens for r in results)
-        computed += sum(r.usage.computed_tokens for r in results)
-    return {"seconds": time.perf_counter() - start, "latencies": latencies, "tokens": tokens,
-            "compression": computed / tokens}
 
 
 def served(client: ScoringClient, handle, requests: list[tuple[str, dict]], clients: int) -> dict:
@@ -224,7 +208,6 @@ def main() -> None:
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="leave the padded baseline out (a shorter run)")
     args = parser.parse_args()
-    keep_freed_memory()  # the host allocator the engine replica runs with, for the in-process candidates
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
                                     **PRESETS["bench"]))
     work = {name: requests for name, requests in streams(args, np.random.default_rng(args.seed)).items()
