@@ -1,5 +1,6 @@
-"""`ComputeThread`: the one thread on which an engine replica runs every torch call (loading, warm-up, forwards,
-the device health probe).
+"""`ComputeThread`: the one thread on which an engine replica runs its torch work (loading, warm-up, every batch).
+The device health probe runs beside it, so that a long batch does not fail the probe: its one-element op starts no
+parallel region, so it makes no team of its own.
 
 Why one: libgomp, the OpenMP runtime of torch's CPU wheels, gives each thread that starts a parallel region a team
 of worker threads of its own. Once a process holds more such workers than it has CPUs (two threads that ever ran
@@ -9,8 +10,6 @@ picks any thread of the loop's default executor, so over a replica's life severa
 2 CPUs (torch 2.13, `tiny` preset, a 1,000-document rerank run as 7 batches of ~143 documents, prefix cache off):
 0.55-0.58 s on the thread that first ran torch; 1.0 s on a second thread, and 1.0 s on the first one too once the
 second had run a parallel region (CPU time per wall second 1.3 instead of 2). One compute thread keeps one team.
-
-The thread also sets the process's allocator for a server's steady state (`radix_core.host_memory`).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class EngineReplica:
     async def _build_and_run(self, items: list[ScopedJob]) -> list[Any]:
         """`index_builder: inline`: build and run one after the other (the pipeline benchmark's baseline)."""
         prepared = await self.compute.run(build_batch, self.engine.limits, self.engine.radix,
-                                           [job for job, _ in items])
+                                          [job for job, _ in items])
         return await self._forward(items, prepared)
 
     async def _forward(self, items: list[ScopedJob], prepared: PreparedBatch) -> list[Any]:

@@ -40,10 +40,11 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
 
 `api` is the face a request came in by: `grpc` (radixserve.v1), `tei_grpc` (tei.v1), and `http_<dialect>` for
 each HTTP dialect (`http_api(dialect.name)`). `code` is a gRPC status name for every api, so one dashboard
-query covers all of them. Ray exports a counter only once it has counted something (it refuses an increment of
-0), so a spill or restart counter appears with its first event. Ray exports a histogram's `_count` and buckets
-exactly but its `_sum` from bucket midpoints, so means are approximate; quantiles come from the buckets. The stage traces also keep exact running totals per
-stage (`StageTrace.totals`), which `info` returns: a benchmark reads them before and after a run.
+query covers all of them. Ray exports a counter only once it has counted something (it refuses an increment of 0),
+so a spill or restart counter appears with its first event. Ray exports a histogram's `_count` and buckets exactly
+but its `_sum` from bucket midpoints, so means are approximate; quantiles come from the buckets. The stage traces
+also keep exact running totals per stage (`StageTrace.totals`), which `info` returns: a benchmark reads them before
+and after a run.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> A
         norm=base.norm,
         rotary_emb=base.rotary_emb,
         apply_rotary=sys.modules[type(base.layers[0]).__module__].apply_rotary_pos_emb,
-        head_module={"causal_lm": getattr(loaded, "lm_head", None), "seq_cls": getattr(loaded, "score", None)}.get(head),
+        head_module={"causal_lm": getattr(loaded, "lm_head", None),
+                     "seq_cls": getattr(loaded, "score", None)}.get(head),
         max_seq_len=max_seq_len(config),
     )
 

@@ -59,8 +59,8 @@ def test_embed_classify_and_score_over_grpc_and_http_equal_the_library(app, mode
     want = local.embed(texts).embeddings
     grpc_embed = stub.Embed(pb.EmbedRequest(texts=texts), timeout=60)
     np.testing.assert_allclose([list(e.values) for e in grpc_embed.embeddings], want, atol=TOL)
-    http_embed = httpx.post(f"http://127.0.0.1:{app.http_port}/v1/embeddings", json={"input": texts, "encoding_format": "float"},
-                            timeout=60).json()
+    http_embed = httpx.post(f"http://127.0.0.1:{app.http_port}/v1/embeddings",
+                            json={"input": texts, "encoding_format": "float"}, timeout=60).json()
     np.testing.assert_allclose([d["embedding"] for d in http_embed["data"]], want, atol=TOL)
     labels = ["yes", "no"]
     classified = stub.Classify(pb.ClassifyRequest(inputs=texts, labels=labels), timeout=60)

@@ -2,12 +2,12 @@
 name, the one request path (`Server.answer`: the same validation, tokenizing, prefix key, router and batcher as
 gRPC), and the response rendered in a worker thread with the call's token usage in headers.
 
-Routes convert their dialect's body into the task's request (`RerankRequest`, ...) and the task's result back;
-they do no work of their own on the event loop beyond that. The HTTP requests being answered at once are bounded
-by `limits.max_in_flight_requests` (`InFlight`), counted once the body is in: a body still arriving holds none. A
-task's error names the dialect's fields through the dialect's table (`run(..., names=...)`, applied to the structured `RequestError`). A request's class comes from
-its `x-radixserve-priority` header (`interactive`, the default, or `batch`), which the `PriorityHeader`
-middleware hands to `run`.
+Routes convert their dialect's body into the task's request (`RerankRequest`, ...) and the task's result back; they
+do no work of their own on the event loop beyond that. The HTTP requests being answered at once are bounded by
+`limits.max_in_flight_requests` (`InFlight`), counted once the body is in: a body still arriving holds none. A
+task's error names the dialect's fields through the dialect's table (`run(..., names=...)`, applied to the
+structured `RequestError`). A request's class comes from its `x-radixserve-priority` header (`interactive`, the
+default, or `batch`), which the `PriorityHeader` middleware hands to `run`.
 """
 
 from __future__ import annotations
