@@ -6,6 +6,7 @@ README's serve command (`radixserve serve CONFIG`) as a subprocess with its own 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,33 @@ START_TIMEOUT_S = 240  # a local Ray plus two replicas on a busy 2-core machine
 SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_options"]["grpc_servicer_functions"]
 
 
+# Ports for the servers under test: above Ray's worker ports (10002-19999 by default) and below the kernel's
+# ephemeral range. A port the kernel hands out (binding port 0) is in that range, so in the seconds before the
+# server binds it, a connection Ray opens while it starts could take it as its local port (seen once: the proxy
+# "Failed to bind to address '0.0.0.0:39359'").
+TEST_PORTS = (20000, 32767)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port of `TEST_PORTS` that nothing holds right now, at random (test processes running side by side)."""
+    low, high = TEST_PORTS[0], min(TEST_PORTS[1], ephemeral_ports()[0] - 1)
+    for port in random.sample(range(low, high + 1), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high} after 200 tries")
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for local ports it picks itself (Linux; its default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except OSError:
+        return 32768, 60999
 
 
 def start_local_ray(**options) -> None:
