@@ -8,6 +8,7 @@ transformers in padded batches; `clocks` returns and clears the stage clocks of 
 
 from __future__ import annotations
 
+import functools
 import time
 
 from host_stages import HostPath, StageClock
@@ -31,7 +32,6 @@ def host_path_candidates(model_dir: str, app_args: dict, padded_batch: int, roun
     path = HostPath(engine, settings.batching, settings.limits.max_request_tokens)
     clocks: list[dict[str, float]] = []
     pending = {(candidate, key): iter(sets) for candidate in CANDIDATES for key, sets in rounds.items()}
-
     calls = {"in-process stages": path.answer, "in-process engine": lambda r: engine.rerank(**r),
              "plain transformers": lambda r: padded_rerank(plain, tokenizer, r["query"], r["documents"], padded_batch)}
 
@@ -48,7 +48,7 @@ def host_path_candidates(model_dir: str, app_args: dict, padded_batch: int, roun
         clocks.clear()
         return out
 
-    return {**{candidate: (lambda key, c=candidate: run(c, key)) for candidate in CANDIDATES}, "clocks": taken}
+    return {**{candidate: functools.partial(run, candidate) for candidate in CANDIDATES}, "clocks": taken}
 
 
 def serve_bench_candidate(model_dir: str, cache_bytes: int | str, requests: list[tuple[str, dict]], clients: int):
