@@ -31,12 +31,12 @@ class ComputeThread:
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-compute")
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return self._executor.submit(_in_context(fn, *args)).result()
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._executor.submit(_in_context(fn, *args, **kwargs)).result()
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, _in_context(fn, *args))
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, _in_context(fn, *args, **kwargs))
 
 
-def _in_context(fn: Callable[..., T], *args: Any) -> Callable[[], T]:
-    return functools.partial(contextvars.copy_context().run, fn, *args)
+def _in_context(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Callable[[], T]:
+    return functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)

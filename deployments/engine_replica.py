@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import itertools
 import logging
 import math
@@ -76,7 +75,7 @@ class EngineReplica:
         self.compute = ComputeThread()  # every torch call of the replica runs there
         if engine.device == "cpu":
             self.compute.call(torch.set_num_threads, cpu_threads())
-        self.engine = self.compute.call(functools.partial(Engine.from_pretrained, args.model, engine, tasks=args.tasks))
+        self.engine = self.compute.call(Engine.from_pretrained, args.model, engine, tasks=args.tasks)
         seconds = self.compute.call(self.engine.warm_up)  # kernels compile here, before Serve marks the replica ready
         logger.info("engine warmed up in %.1f s (attention %s, %s)", seconds, self.engine.backend.name,
                     self.engine.dtype)

@@ -39,6 +39,7 @@ def test_calls_carry_the_callers_context_and_raise_its_errors():
     with pytest.raises(ZeroDivisionError):
         compute.call(lambda: 1 / 0)
     assert compute.call(lambda: "still serving") == "still serving"
+    assert compute.call(int, "ff", base=16) == 255  # keyword arguments pass through
 
 
 PAGE_FAULTS = textwrap.dedent("""

@@ -21,7 +21,8 @@ import time
 import grpc
 import pytest
 import yaml
-from serving import ROOT, START_TIMEOUT_S, Launched, ephemeral_ports, free_port, wait_until_serving, write_config
+from serving import (ROOT, START_TIMEOUT_S, TEST_PORTS, Launched, ephemeral_ports, free_port, wait_until_serving,
+                     write_config)
 
 from deployments import launcher
 from deployments.config import MODEL_ENV, NICENESS_ENV, AppArgs
@@ -304,4 +305,4 @@ def test_model_that_cannot_load_exits_1_with_the_load_error_last(workdir):
 def test_servers_under_test_get_ports_outside_the_ranges_ray_and_the_kernel_pick_from():
     """A port the kernel picked (port 0) can be taken by a connection Ray opens before the server binds it."""
     ports = {free_port() for _ in range(20)}
-    assert all(20000 <= port < ephemeral_ports()[0] for port in ports), ports
+    assert all(TEST_PORTS[0] <= port < ephemeral_ports()[0] for port in ports), ports
