@@ -156,7 +156,9 @@ class CacheLease:
     def past(self, lengths: np.ndarray) -> CachedPrefix | None:
         """The cached rows of the first `lengths[s]` tokens of each sequence s (at most `matched[s]`; less where
         the forward computes a cached row anyway), or None when no sequence reads any. Each distinct (tip, length)
-        is followed up the tree once: the 1,000 sequences of a rerank behind one cached prompt are one path."""
+        is followed up the tree once: the 1,000 sequences of a rerank behind one cached prompt are one path. A
+        path's segments that lie back to back in the cached rows are one range (a prompt cached as a template and a
+        query below it is one past block for the forward, not two: each is a pass over all the batch's queries)."""
         self.hits = int(lengths.sum())
         if not self.hits:
             return None
@@ -176,6 +178,7 @@ class CacheLease:
         offsets = dict(zip(used, np.cumsum([0, *used.values()]).tolist()))
         starts = np.array([offsets[segment] for segment, _ in ranges], dtype=np.int64)  # (R,)
         ends = starts + np.array([rows for _, rows in ranges], dtype=np.int64)  # (R,)
+        starts, ends, counts = _joined(starts, ends, counts)
         pairs = concat_ranges(np.cumsum(counts)[which] - counts[which], counts[which])  # (T,) sequence by sequence
         per_sequence = np.zeros(len(self.roots), dtype=np.int64)  # (B,)
         per_sequence[reads] = counts[which]
@@ -532,6 +535,18 @@ def _cached_path(tip: _Segment, end: int) -> list[tuple[_Segment, int]]:
             path.append((tip, min(tip.size, end - tip.depth)))
         tip = tip.parent
     return path[::-1]
+
+
+def _joined(starts: np.ndarray, ends: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Ranges `starts`/`ends` (R,), `counts[p]` of them per path, with each run of ranges of one path that lie back
+    to back (a range starting where the one before it ends) joined into one: (starts, ends, counts) again."""
+    first = np.cumsum(counts) - counts  # (P,) each path's first range
+    opens = np.ones(starts.shape[0], dtype=bool)  # (R,) a range that starts a run
+    opens[1:] = starts[1:] != ends[:-1]
+    opens[first] = True
+    heads = np.flatnonzero(opens)  # (R',)
+    tails = np.append(heads[1:], starts.shape[0]) - 1  # (R',) the last range of each run
+    return starts[heads], ends[tails], np.add.reduceat(opens, first).astype(np.int64)
 
 
 def _segment_ending(tip: _Segment, end: int) -> _Segment:

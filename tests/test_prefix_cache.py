@@ -111,6 +111,23 @@ def test_any_cached_prefix_matches_and_a_sequence_leaving_a_segment_splits_it():
     assert cache.stats().bytes == 20 * ROW
 
 
+def test_a_path_of_segments_back_to_back_in_the_cached_rows_is_one_range():
+    """A template cached, a query cached below it: a sequence reading both reads one range (one past block for the
+    forward, not one per segment); one whose segments are not back to back in the cached rows reads two."""
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    template, query, other = list(range(100, 110)), [50, 51, 52], [60, 61]
+    run(cache, [template + [1], template + [2]])
+    run(cache, [template + query + [3], template + query + [4]])
+    run(cache, [template + other + [5], template + other + [6]])
+    batch = [template + query + [7], template + other + [8], template + [9]]
+    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in batch])
+    with cache.lease(ids, np.array([0, 14, 27, 38]), None) as lease:
+        past = lease.past(lease.matched)
+        assert lease.matched.tolist() == [13, 12, 10]
+        assert np.diff(past.pair_cu).tolist() == [1, 2, 1] and past.pair_start[0] == 0 and past.pair_end[0] == 13
+    assert run(cache, batch)[0] == [13, 12, 10]  # and each reads its own rows
+
+
 def test_a_history_seen_once_stays_a_ghost_until_seen_again():
     cache = PrefixCache(SHAPE, 1000 * ROW)
     conversation = [5, 6, 7, 8]
