@@ -25,11 +25,14 @@ CANDIDATES = ("in-process stages", "in-process engine", "plain transformers")
 def host_path_candidates(model_dir: str, app_args: dict, padded_batch: int, rounds: dict[int, list[list[dict]]]):
     """The candidates over `rounds[key]` (what each sends on its k-th call of workload `key`), and `clocks`."""
     settings = AppArgs.model_validate(app_args)
-    engine = Engine.from_pretrained(model_dir, settings.engine, tasks=settings.tasks)
-    engine.warm_up()  # as the replica does: kernels, and auto's cost model
+    engines = []
+    for _ in range(2):  # one each for the stages and the library: a prefix cache shared by the two would see every
+        # request twice, the second time admitting all its documents (a cost neither pays alone)
+        engines.append(Engine.from_pretrained(model_dir, settings.engine, tasks=settings.tasks))
+        engines[-1].warm_up()  # as the replica does: kernels, and auto's cost model
+    path, engine = HostPath(engines[0], settings.batching, settings.limits.max_request_tokens), engines[1]
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine.dtype).to(engine.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    path = HostPath(engine, settings.batching, settings.limits.max_request_tokens)
     clocks: list[dict[str, float]] = []
     pending = {(candidate, key): iter(sets) for candidate in CANDIDATES for key, sets in rounds.items()}
     calls = {"in-process stages": path.answer, "in-process engine": lambda r: engine.rerank(**r),
