@@ -371,9 +371,9 @@ class PrefixCache:
             if node.children is _LEAF:
                 node.children = {}
             node.children[tail.ids[:4]] = tail
-            self._ghosts[tail] = None
+            self._ghosts[tail] = None  # the most recent: a new tail is after every segment, and has no descendant
             self._stats.ghost_tokens += tail.size
-            self._touch(tail)
+            tail.tick = self._tick  # not `_touch`ed: `_close` need not move it (one per document of a rerank)
         return matched, tip
 
     def _continues(self, segment: _Segment, common: int, ends_here: bool) -> bool:
