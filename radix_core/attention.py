@@ -105,23 +105,33 @@ class AttentionMetadata:
         return padded_cascade(self.causal.cu_seqlens.cpu().numpy(), prefix, self.causal.cu_seqlens.device)
 
 
-PrefixPart = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # out (P, Hq, D), lse (P, Hq) float32, rows (P,)
+PrefixPart = tuple[torch.Tensor, torch.Tensor, torch.Tensor | slice]  # out (P, Hq, D), lse (P, Hq) float32, rows (P,)
 
 
 def merge_prefix(out: torch.Tensor, lse: torch.Tensor, parts: list[PrefixPart]) -> torch.Tensor:
     """Softmax over a row's whole path from its parts: `out` (R, H, D) and `lse` (R, H) of the causal blocks, and
-    prefix parts (out, lse, rows), whose query `i` is row `rows[i]` (a query with lse -inf weighs nothing). Each part
-    is weighted by exp(its lse - the row's largest lse), in float32; returns `out`'s dtype. Consumes its float32
-    inputs (the backends' fresh results): the weighting is done in place."""
+    prefix parts (out, lse, rows), whose query `i` is row `rows[i]` (a query with lse -inf weighs nothing; `rows`
+    a slice for a part on consecutive rows, merged in place rather than through an index). Each part is weighted by
+    exp(its lse - the row's largest lse), in float32; returns `out`'s dtype. Consumes its float32 inputs (the
+    backends' fresh results): the weighting is done in place."""
     top = lse.clone()  # (R, H) the row's largest lse, for stability
     for _, part_lse, rows in parts:
-        top.scatter_reduce_(0, rows[:, None].expand(-1, lse.shape[1]), part_lse, "amax")
+        if isinstance(rows, slice):
+            torch.maximum(top[rows], part_lse, out=top[rows])
+        else:
+            top.scatter_reduce_(0, rows[:, None].expand(-1, lse.shape[1]), part_lse, "amax")
     weight = (lse - top).exp_()  # (R, H)
     total = out.float().mul_(weight[..., None])  # (R, H, D)
     for part_out, part_lse, rows in parts:
-        part_weight = (part_lse - top.index_select(0, rows)).exp_()  # (P, H)
-        total.index_add_(0, rows, part_out.float().mul_(part_weight[..., None]))
-        weight.index_add_(0, rows, part_weight)
+        in_place = isinstance(rows, slice)
+        part_weight = (part_lse - (top[rows] if in_place else top.index_select(0, rows))).exp_()  # (P, H)
+        weighted = part_out.float().mul_(part_weight[..., None])
+        if in_place:
+            total[rows] += weighted
+            weight[rows] += part_weight
+        else:
+            total.index_add_(0, rows, weighted)
+            weight.index_add_(0, rows, part_weight)
     return total.div_(weight[..., None]).to(out.dtype)
 
 

@@ -14,7 +14,14 @@ from test_engine_golden import BATCHES as GOLDEN
 from radix_core.attention import TorchAttention, _attention_with_lse
 from radix_core.batch import BatchLimits, prepare_batch
 from radix_core.forward import plan_compact, plan_ragged, prefix_blocks
-from radix_core.padded_blocks import ALIGN, BUCKETS_PER_OCTAVE, bucket_lengths, padded_cascade, padded_prefix
+from radix_core.padded_blocks import (
+    ALIGN,
+    BUCKETS_PER_OCTAVE,
+    WHOLE_BLOCK,
+    bucket_lengths,
+    padded_cascade,
+    padded_prefix,
+)
 
 
 @given(st.lists(st.integers(1, 100_000), min_size=1, max_size=50))
@@ -141,3 +148,25 @@ def test_a_comb_of_short_segments_is_absorbed_up_to_the_limit_and_the_rest_stays
     k, v = torch.randn(2, rows, 2, 16, generator=gen)
     torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25), per_block(q, k, v, meta, 0.25),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_queries_in_place():
+    """A prompt shared by 40 sequences of 30-60 tokens (more than `WHOLE_BLOCK` rows below it) and a cached
+    template read by all of them: each is one dense call on a slice of the rows (no query copied, no chunks), merged
+    in place, equal to one call per block; the short prefix blocks around it are still chunked."""
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 400, 40).tolist()
+    sequences = [prompt + rng.integers(0, 400, int(rng.integers(30, 61))).tolist() for _ in range(40)]
+    meta, rows = _plan(sequences, "full")
+    meta.past = prefix_blocks(np.arange(rows), np.array([0, 3, rows]), np.array([0, 0]), np.array([2, 50]),
+                              torch.device("cpu"))
+    whole = [g for g in meta.padded.prefix + meta.past.padded if g.q_len >= WHOLE_BLOCK]
+    assert len(whole) == 2 and all(g.count == 1 and isinstance(g.q_rows, slice) and g.out_rows == g.q_rows
+                                   for g in whole)
+    assert [g.q_len for g in meta.past.padded if g not in whole] == [3]  # the 3-query block: a chunk
+    gen = torch.Generator().manual_seed(4)
+    past_k, past_v = torch.randn(2, 50, 2, 16, generator=gen)
+    q = torch.randn(rows, 4, 16, generator=gen)
+    k, v = torch.randn(2, rows, 2, 16, generator=gen)
+    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
+                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
