@@ -442,3 +442,52 @@ def test_batch_priority_ages_into_interactive():
         await batcher.close()
 
     run(main())
+
+
+def test_requests_that_arrive_while_the_device_is_busy_share_the_next_batch():
+    """The next batch is formed when the running one should end (its work at the recent rate), not when it starts:
+    two requests that arrive one after the other during the forward run together, where the batch formed at once
+    would have held the first alone (`wait_timeout_s` 0)."""
+    async def main():
+        rec = Held(forward_s=0.05)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=1000, wait_timeout_s=0.0, prepare=rec.prepare)
+        rec.release.set()
+        assert await one(batcher, "warm", 100) == "WARM"  # about 2,000 tokens/s: the next 100 take ~0.05 s
+        rec.release.clear()
+        held = [asyncio.create_task(one(batcher, "running", 100))]
+        await until(lambda: len(rec.started) == 2)
+        held.append(asyncio.create_task(one(batcher, "a", 100)))
+        await until(lambda: batcher.queued_items == 1)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert batcher.queued_items == 1 and rec.prepared[-1] == ["running"]  # "a" is not formed alone
+        held.append(asyncio.create_task(one(batcher, "b", 100)))
+        await until(lambda: rec.prepared[-1] == ["a", "b"], turns=100_000)  # formed near the running one's end
+        rec.release.set()
+        assert await asyncio.gather(*held) == ["RUNNING", "A", "B"]
+        assert rec.batches == [["warm"], ["running"], ["a", "b"]]
+        await batcher.close()
+
+    run(main())
+
+
+def test_a_batch_that_ends_before_its_expected_end_has_the_next_one_formed_at_once():
+    """The running batch's expected end is an estimate: when the device frees earlier, the waiting request's batch
+    is formed then, within a few event-loop turns, not when the estimate says."""
+    async def main():
+        rec = Held(forward_s=0.5)
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=1000, wait_timeout_s=0.0)
+        rec.release.set()
+        assert await one(batcher, "warm", 100) == "WARM"  # 200 tokens/s: the next 100 should take 0.5 s
+        rec.release.clear()
+        rec.forward_s = 0.0
+        running = asyncio.create_task(one(batcher, "running", 100))
+        await until(lambda: len(rec.started) == 2)
+        waiting = asyncio.create_task(one(batcher, "waiting", 100))
+        await until(lambda: batcher.queued_items == 1)
+        rec.release.set()
+        await until(lambda: len(rec.started) == 3)  # ~1,000 turns: far less than the 0.5 s estimate
+        assert await running == "RUNNING" and await waiting == "WAITING"
+        await batcher.close()
+
+    run(main())
