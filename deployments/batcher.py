@@ -366,12 +366,20 @@ class TokenBudgetBatcher:
             remaining = self._running_end - self.stats.build_lead_s() - loop.time()
             if remaining <= 0:
                 return
-            self._arrived.clear()
-            try:  # not `wait_for`: cancelled just as the event is set, it returns and the cancellation is lost
-                async with asyncio.timeout(remaining):
-                    await self._arrived.wait()  # an arrival, or the device's end
-            except TimeoutError:
+            if not await self._woken_within(remaining):
                 return
+
+    async def _woken_within(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the next arrival or the device's end (`_arrived`, cleared first); False when
+        the time ran out. Not `asyncio.wait_for`: cancelled just as the event is set, it returns, the cancellation
+        is lost, and `close` waits for the loop forever."""
+        self._arrived.clear()
+        try:
+            async with asyncio.timeout(seconds):
+                await self._arrived.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _should_return(self, batch: list[_Part], now: float) -> bool:
         """A prepared batch that holds a part of a finished request (cancelled or failed: its work is not done), or
@@ -402,10 +410,7 @@ class TokenBudgetBatcher:
                 remaining = self._queue[0].request.enqueued + self.wait_timeout_s - loop.time()  # arrival order
                 if remaining <= 0:
                     break
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except asyncio.TimeoutError:
+                if not await self._woken_within(remaining):
                     break
             if self._queue:  # empty when every waiting caller cancelled meanwhile
                 return self._take(loop.time())
