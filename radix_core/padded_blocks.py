@@ -164,12 +164,12 @@ def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key
     q_rows, cu = q_rows.astype(np.int64), cu.astype(np.int64)
     q_lengths = np.diff(cu)  # (J,)
     breaks = np.concatenate([[0], np.cumsum(np.diff(q_rows) != 1)])  # (P,) row jumps before each query
-    whole = (q_lengths >= WHOLE_BLOCK) & (breaks[np.maximum(cu[1:] - 1, 0)] == breaks[np.minimum(cu[:-1],
-                                                                                                   len(breaks) - 1)])
+    big = np.flatnonzero(q_lengths >= WHOLE_BLOCK)
+    whole = big[breaks[cu[big + 1] - 1] == breaks[cu[big]]]  # no jump inside the block
     groups = [_whole_block(int(q_rows[cu[j]]), int(q_lengths[j]), int(key_start[j]), int(key_end[j]), device)
-              for j in np.flatnonzero(whole)]
-    if whole.any():
-        rest = np.flatnonzero(~whole)
+              for j in whole.tolist()]
+    if whole.size:
+        rest = np.setdiff1d(np.arange(q_lengths.shape[0]), whole)
         q_rows = q_rows[concat_ranges(cu[:-1][rest], q_lengths[rest])]
         cu, key_start, key_end = np.concatenate([[0], np.cumsum(q_lengths[rest])]), key_start[rest], key_end[rest]
     return groups + _chunked_prefix(q_rows, cu, key_start, key_end, device)
