@@ -127,7 +127,7 @@ class BatcherStats:
     def build_lead_s(self) -> float:
         """How long before the running batch's expected end the next one is formed: twice the longest of the last
         `LEAD_BATCHES` builds, so that it is prepared by the time the device is free."""
-        return 2 * max((b.build_s for b in list(self.recent)[-LEAD_BATCHES:]), default=0.0)
+        return 2 * max((b.build_s for b in itertools.islice(reversed(self.recent), LEAD_BATCHES)), default=0.0)
 
     def summary(self) -> dict[str, float]:
         """Means over the recent batches (zeros before the first batch), and each stage's seconds over all."""
@@ -364,9 +364,7 @@ class TokenBudgetBatcher:
         loop = asyncio.get_running_loop()
         while self._running_end is not None and self._queued_tokens < self.max_batch_tokens:
             remaining = self._running_end - self.stats.build_lead_s() - loop.time()
-            if remaining <= 0:
-                return
-            if not await self._woken_within(remaining):
+            if remaining <= 0 or not await self._woken_within(remaining):
                 return
 
     async def _woken_within(self, seconds: float) -> bool:
