@@ -21,6 +21,8 @@ from transformers import (
     PretrainedConfig,
 )
 
+from radix_core.packed_linear import pack_linears, packs
+
 SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_5_text", "qwen3_next")
 HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_next")  # Gated DeltaNet and gated attention layers: radix_core.hybrid_layers
 # multimodal checkpoints whose text model we run, read as that model's family (text inputs only)
@@ -66,8 +68,9 @@ class Architecture:
         return self.embed_tokens.embedding_dim
 
 
-def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> Architecture:
-    """Load `model` (local directory or hub id) with transformers, in eval mode on `device` and `dtype`."""
+def load_architecture(model: str, device: torch.device, dtype: torch.dtype, packed: bool = False) -> Architecture:
+    """Load `model` (local directory or hub id) with transformers, in eval mode on `device` and `dtype`. `packed`:
+    the decoder layers' linears run on prepacked weights where `radix_core.packed_linear` applies."""
     config = load_config(model)
     head = head_of(config)
     try:
@@ -77,6 +80,8 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype) -> A
     loaded.to(device).eval().requires_grad_(False)
     base = loaded if head == "base" else loaded.model
     base = getattr(base, "language_model", base)  # a multimodal model's text model
+    if packed and packs(device, dtype):
+        pack_linears(base.layers)
     return Architecture(
         family=config.model_type,
         head=head,
