@@ -20,6 +20,7 @@ from transformers import (
 from radix_core.architectures import ModelLoadError
 from radix_core.engine import Engine
 from radix_core.gated_delta import recurrence_plan
+from radix_core.prefix_cache import MIN_LEAF_ROWS
 from radix_core.tiny_models import make_tiny_model
 
 MODES = ["off", "mlp", "full", "auto"]
@@ -236,12 +237,12 @@ def test_the_cache_continues_at_any_segment_end(cached, engine, mode):
     the state at its end; batch 3 continues from there, and a sequence ending inside the prompt reads it."""
     rng = np.random.default_rng(3)
     tokens = lambda n: rng.integers(0, VOCAB, n).tolist()  # noqa: E731
-    prompt, q1, q2, q3 = tokens(37), tokens(5), tokens(3), tokens(1)
+    prompt, q1, q2, q3 = tokens(37), tokens(5), tokens(MIN_LEAF_ROWS), tokens(1)  # q2 shared enough to be kept
     hybrid, reference = cached(mode), engine("3:1")
     batches = [[prompt + q1 + tokens(4), prompt + q1 + tokens(2)], [prompt + q2 + tokens(6), prompt + q2],
                [prompt + q3 + tokens(5), prompt + q2 + tokens(1)], [prompt + q2 + tokens(2), prompt[:20]]]
     lengths = [assert_alone(hybrid, reference, batch).tolist() for batch in batches]
-    assert lengths == [[0, 0], [0, 0], [37, 40], [40, 20]]
+    assert lengths == [[0, 0], [0, 0], [37, 37 + MIN_LEAF_ROWS], [37 + MIN_LEAF_ROWS, 20]]
     stats, shape = hybrid.prefix_cache.stats(), hybrid.prefix_cache.shape
     ends = sum(segment.end is not None for segment in hybrid.prefix_cache._resident)
     assert ends == stats.segments and stats.bytes == stats.inserted_tokens * shape.bytes + ends * shape.ends.bytes

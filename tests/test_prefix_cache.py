@@ -10,10 +10,15 @@ import torch
 
 from radix_core.cached_rows import RowShape
 from radix_core.cascade import concat_ranges
-from radix_core.prefix_cache import GHOST, PENDING, RESIDENT, PrefixCache, cache_budget
+from radix_core.prefix_cache import GHOST, MIN_LEAF_ROWS, PENDING, RESIDENT, PrefixCache, cache_budget
 
 SHAPE = RowShape(layers=2, kv_heads=1, head_dim=2, hidden=3, dtype=torch.float64, device=torch.device("cpu"))
 ROW = SHAPE.bytes  # (2 x 2 x 1 x 2 + 3) x 8 = 88 bytes
+
+
+def cache_of(budget_bytes: int, **settings) -> PrefixCache:
+    """A cache of SHAPE rows that admits leaves of any length: the tree's mechanics on short sequences."""
+    return PrefixCache(SHAPE, budget_bytes, **{"min_leaf_rows": 1, **settings})
 
 
 def code(history: np.ndarray) -> float:
@@ -88,7 +93,7 @@ def check_tree(cache: PrefixCache) -> None:
 
 
 def test_a_prefix_two_sequences_share_is_cached_by_their_batch_and_hit_by_the_next():
-    cache = PrefixCache(SHAPE, 1000 * ROW)
+    cache = cache_of(1000 * ROW)
     prompt = list(range(100, 110))
     matched, admitted = run(cache, [prompt + [1, 2], prompt + [3], prompt + [4, 5, 6]])
     assert matched == [0, 0, 0] and admitted == [(1, 0, 10)]  # the second sequence sees the prompt again
@@ -100,7 +105,7 @@ def test_a_prefix_two_sequences_share_is_cached_by_their_batch_and_hit_by_the_ne
 
 
 def test_any_cached_prefix_matches_and_a_sequence_leaving_a_segment_splits_it():
-    cache = PrefixCache(SHAPE, 1000 * ROW)
+    cache = cache_of(1000 * ROW)
     prompt = list(range(100, 120))
     run(cache, [prompt + [1], prompt + [2]])
     assert run(cache, [prompt[:7]])[0] == [7]  # ends inside the segment: no split
@@ -114,7 +119,7 @@ def test_any_cached_prefix_matches_and_a_sequence_leaving_a_segment_splits_it():
 def test_a_path_of_segments_back_to_back_in_the_cached_rows_is_one_range():
     """A template cached, a query cached below it: a sequence reading both reads one range (one past block for the
     forward, not one per segment); one whose segments are not back to back in the cached rows reads two."""
-    cache = PrefixCache(SHAPE, 1000 * ROW)
+    cache = cache_of(1000 * ROW)
     template, query, other = list(range(100, 110)), [50, 51, 52], [60, 61]
     run(cache, [template + [1], template + [2]])
     run(cache, [template + query + [3], template + query + [4]])
@@ -129,7 +134,7 @@ def test_a_path_of_segments_back_to_back_in_the_cached_rows_is_one_range():
 
 
 def test_a_history_seen_once_stays_a_ghost_until_seen_again():
-    cache = PrefixCache(SHAPE, 1000 * ROW)
+    cache = cache_of(1000 * ROW)
     conversation = [5, 6, 7, 8]
     assert run(cache, [conversation]) == ([0], [])
     assert cache.stats().ghost_tokens == 4 and cache.stats().bytes == 0
@@ -139,13 +144,32 @@ def test_a_history_seen_once_stays_a_ghost_until_seen_again():
 
 
 def test_duplicates_in_one_batch_are_the_second_sighting():
-    cache = PrefixCache(SHAPE, 1000 * ROW)
+    cache = cache_of(1000 * ROW)
     assert run(cache, [[1, 2, 3], [1, 2, 3]]) == ([0, 0], [(1, 0, 3)])
     assert run(cache, [[1, 2, 3], [1, 2]]) == ([3, 2], [])
 
 
+def test_short_branches_below_a_shared_query_are_not_worth_a_copy():
+    """Documents under one rerank query that start with the same token share a one-row segment: seen twice, but
+    no later batch is likely to read it, so by default it stays a ghost while the query is admitted; a longer
+    shared start is admitted."""
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    query, shared = [7] * MIN_LEAF_ROWS, [2] * (MIN_LEAF_ROWS + 1)
+    run(cache, [query + doc for doc in ([1, 20, 21], [1, 30, 31], shared + [50], shared + [60])])
+    assert sorted(seg.size for seg, _ in segments(cache) if seg.state == RESIDENT) == [MIN_LEAF_ROWS,
+                                                                                     MIN_LEAF_ROWS + 1]
+    assert run(cache, [query + [1, 20, 22], query + shared + [70]])[0] == [MIN_LEAF_ROWS, 2 * MIN_LEAF_ROWS + 1]
+
+
+def test_a_short_segment_on_the_path_to_a_long_one_is_admitted_with_it():
+    cache = PrefixCache(SHAPE, 1000 * ROW)
+    long = list(range(10, 10 + MIN_LEAF_ROWS))
+    run(cache, [[1, 2] + long + [3], [1, 2] + long + [4], [1, 5]])  # [1] is shared by all three, [2, ...] by two
+    assert run(cache, [[1, 2] + long + [9]])[0] == [2 + MIN_LEAF_ROWS]
+
+
 def test_least_recently_used_segment_is_evicted_whole_and_comes_back_on_its_next_sighting():
-    cache = PrefixCache(SHAPE, 25 * ROW)
+    cache = cache_of(25 * ROW)
     a, b, c = ([t] * 10 for t in (1, 2, 3))
     run(cache, [a + [0], a + [9]])
     run(cache, [b + [0], b + [9]])
@@ -158,7 +182,7 @@ def test_least_recently_used_segment_is_evicted_whole_and_comes_back_on_its_next
 
 
 def test_a_parent_is_evicted_only_after_its_children():
-    cache = PrefixCache(SHAPE, 16 * ROW)
+    cache = cache_of(16 * ROW)
     template = [7] * 6
     run(cache, [template + [1] * 5 + [0], template + [1] * 5 + [9]])  # template + query 1: one 11-row segment
     run(cache, [template + [2] * 5 + [0], template + [2] * 5 + [9]])  # splits it: template 6, query 1 5, query 2 5
@@ -170,21 +194,21 @@ def test_a_parent_is_evicted_only_after_its_children():
 
 
 def test_an_admission_larger_than_the_budget_is_skipped_without_evicting():
-    cache = PrefixCache(SHAPE, 8 * ROW)
+    cache = cache_of(8 * ROW)
     run(cache, [[1] * 5 + [0], [1] * 5 + [9]])
     assert run(cache, [[2] * 20 + [0], [2] * 20 + [9]]) == ([0, 0], [])
     assert cache.stats().evictions == 0 and run(cache, [[1] * 5])[0] == [5]
 
 
 def test_rows_a_batch_reads_are_not_evicted_for_its_own_admissions():
-    cache = PrefixCache(SHAPE, 12 * ROW)
+    cache = cache_of(12 * ROW)
     run(cache, [[1] * 10 + [0], [1] * 10 + [9]])
     matched, admitted = run(cache, [[1] * 10 + [5], [2] * 4 + [0], [2] * 4 + [9]])
     assert matched == [10, 0, 0] and admitted == []  # the 4 new rows would need the 10 this batch reads
 
 
 def test_scopes_never_share_rows():
-    cache = PrefixCache(SHAPE, 100 * ROW)
+    cache = cache_of(100 * ROW)
     prompt = [3] * 8
     run(cache, [prompt + [1], prompt + [2]], scopes=["a", "a"])
     assert run(cache, [prompt + [4], prompt + [4]], scopes=["a", "b"])[0] == [8, 0]
@@ -195,7 +219,7 @@ def test_scopes_never_share_rows():
 def test_cached_length_reads_what_the_tree_holds_or_the_running_batch_adds():
     """`cached_length` (how the replica plans batches) counts resident and pending rows of the id's path in its
     scope, never ghosts, and answers 0 rather than wait while the tree is changing."""
-    cache = PrefixCache(SHAPE, 100 * ROW)
+    cache = cache_of(100 * ROW)
     prompt = np.array([3] * 8 + [4, 5])
     with cache.lease(np.concatenate([prompt, [1], prompt, [2]]), np.array([0, 11, 22]), ["a", "a"]) as lease:
         assert lease.admitted == [(1, 0, 10)]
@@ -211,7 +235,7 @@ def test_cached_length_reads_what_the_tree_holds_or_the_running_batch_adds():
         assert cache.cached_length(prompt, "a") == 0
 
 def test_admissions_of_a_failed_batch_go_back_to_ghosts():
-    cache = PrefixCache(SHAPE, 100 * ROW)
+    cache = cache_of(100 * ROW)
     ids, cu = np.array([1, 2, 3, 1, 2, 4]), np.array([0, 3, 6])
     with pytest.raises(RuntimeError, match="device lost"):
         with cache.lease(ids, cu) as lease:
@@ -223,7 +247,7 @@ def test_admissions_of_a_failed_batch_go_back_to_ghosts():
 
 
 def test_ghosts_are_forgotten_oldest_first_past_their_limit():
-    cache = PrefixCache(SHAPE, 100 * ROW, ghost_tokens=10)
+    cache = cache_of(100 * ROW, ghost_tokens=10)
     run(cache, [[1, 1, 1, 1]])
     run(cache, [[2, 2, 2, 2]])
     run(cache, [[3, 3, 3, 3]])
@@ -233,10 +257,10 @@ def test_ghosts_are_forgotten_oldest_first_past_their_limit():
 
 
 def test_clear_starts_cold():
-    cache = PrefixCache(SHAPE, 100 * ROW)
+    cache = cache_of(100 * ROW)
     run(cache, [[1, 2], [1, 2]])
     cache.clear()
-    assert cache.stats() == PrefixCache(SHAPE, 100 * ROW).stats() and run(cache, [[1, 2]]) == ([0], [])
+    assert cache.stats() == cache_of(100 * ROW).stats() and run(cache, [[1, 2]]) == ([0], [])
 
 
 def test_random_streams_keep_every_invariant():
@@ -246,7 +270,7 @@ def test_random_streams_keep_every_invariant():
     stems = [rng.integers(0, 4, 30).tolist() for _ in range(3)]
     evictions = []
     for budget, ghosts in ((40, 30), (400, 400)):
-        cache = PrefixCache(SHAPE, budget * ROW, ghost_tokens=ghosts)
+        cache = cache_of(budget * ROW, ghost_tokens=ghosts)
         for _ in range(60):
             size = int(rng.integers(1, 6))
             batch = [stems[rng.integers(3)][:rng.integers(1, 31)] + rng.integers(0, 4, rng.integers(0, 5)).tolist()
@@ -259,7 +283,7 @@ def test_random_streams_keep_every_invariant():
 
 
 def test_pending_rows_are_not_read_before_their_batch_commits():
-    cache = PrefixCache(SHAPE, 100 * ROW)
+    cache = cache_of(100 * ROW)
     ids, cu = np.array([1, 2, 3, 1, 2, 4, 1, 2, 5]), np.array([0, 3, 6, 9])
     with cache.lease(ids, cu) as lease:
         assert lease.matched.tolist() == [0, 0, 0]  # the third sequence walks [1, 2] pending, not cached
@@ -283,7 +307,7 @@ def test_a_walk_that_starts_from_the_previous_sequence_matches_admits_and_reads_
     batch = [prompt + [1, 2], prompt + [1, 3], prompt + [1], prompt[:5], prompt + [4], [5, 5], prompt + [1, 2, 6],
              prompt + [1, 2]]
     scopes = ["a"] * 5 + ["b", "b", "a"]
-    cache = PrefixCache(SHAPE, 100 * ROW)
+    cache = cache_of(100 * ROW)
     run(cache, [prompt + [0], prompt + [0]], scopes=["a", "a"])
     matched, admitted = run(cache, batch, scopes)
     assert matched == [8, 8, 8, 5, 8, 0, 0, 8]
