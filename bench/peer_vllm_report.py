@@ -112,10 +112,11 @@ NOTES = """\
   budget per step (2,048 tokens for the API server on CPU). Automatic prefix caching reuses only whole KV blocks,
   128 tokens on CPU, and the shared prefixes here (about 75 tokens of prompt and query for a rerank, about 30 of
   instruction) are shorter than one block: vLLM computes every token (its log's hit rate, in the start-up table).
-* **Ours on the CPU**: torch's eager aten kernels (no prepacked weights, no compiled fusion), the engine replica's
-  torch threads (its CPU reservation rounded up) left to the OS scheduler, attention one kernel call per prefix
-  block (issue 30, part 5), and each request crosses Ray's HTTP proxy, the ingress replica and the engine replica
-  (and the IndexBuilder actor): the process table says which process spent the machine.
+* **Ours on the CPU**: the decoder layers' linears as oneDNN gemms on weights prepacked at load, as vLLM's
+  (`radix_core/packed_linear.py`), the rest torch's eager aten kernels (no compiled fusion), the engine replica's
+  torch threads (its CPU reservation rounded up) left to the OS scheduler, attention one kernel call per bucket of
+  padded blocks (`radix_core/padded_blocks.py`), and each request crosses Ray's HTTP proxy, the ingress replica
+  and the engine replica (and the IndexBuilder actor): the process table says which process spent the machine.
 * **Same prompts on both**: the reranker's chat template is rendered from radixserve's Qwen3-Reranker template
   (`rerank_chat_template`), the instruction is written into the embedded texts, and vLLM gets, as text, the end
   token that radixserve's embedding template appends; equal input tokens and scores within the tolerance check
