@@ -395,7 +395,7 @@ class PrefixCache:
         walked it: no path is walked again."""
         for segment in [s for s in lease.refills if not self._reserve_bytes(self._end_bytes)]:
             del lease.refills[segment]
-        for segment in sorted(self._worth_a_copy(seen), key=_depth):
+        for segment in self._worth_a_copy(seen):
             if segment.parent.state == GHOST or not self._reserve(segment.size):
                 continue
             del self._ghosts[segment]
@@ -405,12 +405,14 @@ class PrefixCache:
             lease.pending.append(segment)
 
     def _worth_a_copy(self, seen: dict[_Segment, int]) -> list[_Segment]:
-        """The seen ghosts of at least `min_leaf_rows` rows, and those on the path to one (module docstring)."""
+        """The seen ghosts of at least `min_leaf_rows` rows, and those on the path to one (module docstring),
+        parents first."""
+        parents_first = sorted(seen, key=_depth)
         wanted: set[_Segment] = set()
-        for segment in sorted(seen, key=_depth, reverse=True):
+        for segment in reversed(parents_first):
             if segment.size >= self.min_leaf_rows or segment in wanted:
                 wanted.update((segment, segment.parent))
-        return [segment for segment in seen if segment in wanted]
+        return [segment for segment in parents_first if segment in wanted]
 
     @property
     def _end_bytes(self) -> int:
