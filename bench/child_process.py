@@ -23,7 +23,8 @@ Setup = Callable[..., dict[str, Callable[..., Any]]]
 
 class ChildProcess:
     """The named callables `setup(*args)` returns, built and called in the child; `setup` must be importable
-    (a module-level function) and its arguments and the callables' answers picklable."""
+    (a module-level function) and its arguments and the callables' answers picklable. A callable named `close`
+    also runs when the driver closes the child, before it exits."""
 
     def __init__(self, setup: Setup, *args: Any):
         context = multiprocessing.get_context("spawn")
@@ -64,3 +65,5 @@ def _serve(conn, setup: Setup, args: tuple) -> None:
             conn.send(calls[name](*call_args))
         except Exception as error:  # noqa: BLE001
             conn.send(error)
+    if "close" in calls:
+        calls["close"]()

@@ -51,7 +51,8 @@ def host_path_candidates(model_dir: str, app_args: dict, padded_batch: int, roun
         clocks.clear()
         return out
 
-    return {**{candidate: functools.partial(run, candidate) for candidate in CANDIDATES}, "clocks": taken}
+    return {**{candidate: functools.partial(run, candidate) for candidate in CANDIDATES}, "clocks": taken,
+            "close": path.close}  # the batcher's loops end before the interpreter does
 
 
 def serve_bench_candidate(model_dir: str, cache_bytes: int | str, requests: list[tuple[str, dict]], clients: int):
