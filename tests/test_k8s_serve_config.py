@@ -21,7 +21,7 @@ from ray.serve.schema import ServeDeploySchema
 from test_config import leaves
 
 from deployments.config import MODEL_ENV, AppArgs
-from deployments.launcher import GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
+from deployments.launcher import CONTROL_LOOP_ENV, CONTROL_LOOP_INTERVAL_S, GRPC_MESSAGE_SIZE_ENV, grpc_message_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -285,3 +285,12 @@ def test_grpc_message_limit_env_agrees_with_max_request_bytes():
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert env.get(GRPC_MESSAGE_SIZE_ENV) == expected, \
                 f"{container['name']}: {GRPC_MESSAGE_SIZE_ENV} must be {expected} (max_request_bytes + envelope)"
+
+
+def test_head_sets_the_launchers_control_loop_interval():
+    """Serve's controller runs on the head pod: its control loop interval is the one `radixserve serve` sets."""
+    head = rayservice()["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    for container in head["containers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env.get(CONTROL_LOOP_ENV) == CONTROL_LOOP_INTERVAL_S, \
+            f"{container['name']}: {CONTROL_LOOP_ENV} must be {CONTROL_LOOP_INTERVAL_S}, as the launcher sets it"

@@ -105,6 +105,16 @@ def test_worker_niceness_is_the_placements_unless_set(tmp_path, monkeypatch):
     assert os.environ[NICENESS_ENV] == "10", "an operator's own setting is kept"
 
 
+def test_control_loop_interval_is_the_launchers_unless_set(monkeypatch):
+    monkeypatch.setenv(launcher.CONTROL_LOOP_ENV, "")  # restored at teardown, so the value set here does not leak
+    monkeypatch.delenv(launcher.CONTROL_LOOP_ENV)
+    launcher.set_control_loop_interval()
+    assert os.environ[launcher.CONTROL_LOOP_ENV] == launcher.CONTROL_LOOP_INTERVAL_S == "0.5"
+    monkeypatch.setenv(launcher.CONTROL_LOOP_ENV, "0.1")
+    launcher.set_control_loop_interval()
+    assert os.environ[launcher.CONTROL_LOOP_ENV] == "0.1", "an operator's own setting is kept"
+
+
 def test_print_config_shows_every_setting_and_reads_back(tmp_path, monkeypatch):
     """`radixserve serve --print-config`: the validated args with every default, `RADIXSERVE_MODEL` applied; the
     printed settings are a config that validates to the same `AppArgs`."""
