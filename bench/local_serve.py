@@ -1,7 +1,7 @@
 """A local Ray Serve for the served benchmarks, started as `radixserve serve serve_config.yaml` starts it: Serve's
-HTTP and gRPC proxies on free loopback ports, with the YAML's gRPC servicers, Ray's workers (Serve's controller
-and proxies too, not only the replicas) at the YAML's `placement.niceness`, and the launcher's control loop
-interval."""
+HTTP and gRPC proxies on free loopback ports, with the YAML's gRPC servicers, and the environment the launcher
+gives the Ray it starts (`set_ray_environment`: the gRPC message limit, Ray's workers (Serve's controller and
+proxies too, not only the replicas) at the YAML's `placement.niceness`, Serve's control loop interval)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import ray
 import yaml
 from ray import serve
 
-from deployments.launcher import load_config, set_control_loop_interval, set_worker_niceness
+from deployments.launcher import load_config, set_ray_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,7 @@ def start_serve(http_port: int | None = None) -> tuple[dict, int]:
     (a free port when None)."""
     path = ROOT / "serve_config.yaml"
     config = yaml.safe_load(path.read_text())
-    set_worker_niceness(load_config(str(path)))  # both read when ray.init starts Ray
-    set_control_loop_interval()
+    set_ray_environment(load_config(str(path)))  # read when ray.init starts Ray
     port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
     serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()},

@@ -78,9 +78,7 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
     for app in radixserve_apps(config):
         check_model(app["args"].model)
         print(f"radixserve: application {app['name']!r} serves model {app['args'].model!r}", flush=True)
-    set_grpc_message_limit(config)
-    set_worker_niceness(config)
-    set_control_loop_interval()
+    set_ray_environment(config)
     print(f"radixserve: open files limit {raise_open_files_limit()}", flush=True)
     stop = StopSignals()
     stop.install()
@@ -278,6 +276,14 @@ def set_grpc_message_limit(config: dict[str, Any]) -> None:
     limits = [app["args"].limits.max_request_bytes for app in radixserve_apps(config)]
     if limits and GRPC_MESSAGE_SIZE_ENV not in os.environ:
         os.environ[GRPC_MESSAGE_SIZE_ENV] = str(grpc_message_limit(max(limits)))
+
+
+def set_ray_environment(config: dict[str, Any]) -> None:
+    """What the Ray this process starts reads from its environment (step 4 of the module docstring), each unless
+    already set: the gRPC message limit, the workers' nice level and Serve's control loop interval."""
+    set_grpc_message_limit(config)
+    set_worker_niceness(config)
+    set_control_loop_interval()
 
 
 def set_worker_niceness(config: dict[str, Any]) -> None:
