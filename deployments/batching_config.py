@@ -20,7 +20,8 @@ class BatchingConfig:
     `max_batch_tokens`: token budget of one engine batch, in the tokens it computes: each request's input tokens
     less its shared prefix's rows the replica's prefix cache holds. `batch_wait_timeout_s`: longest a request
     waits for its batch to fill (0 to 10 s). `index_builder`: "actor" indexes batch k+1 in a per-replica actor
-    while batch k runs; "inline" builds each batch just before running it (for comparison).
+    while batch k runs (a batch formed while none runs on the replica's compute thread); "inline" builds each batch
+    just before running it (for comparison).
 
     `max_queued_tokens`: work one replica queues before refusing more requests at once with RESOURCE_EXHAUSTED
     and a retry hint, in rows the device will compute (a request's shared prefix counts once). A request is
