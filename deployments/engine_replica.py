@@ -163,7 +163,7 @@ class EngineReplica:
         its replacement); on the compute thread while none does."""
         jobs = [job for job, _ in items]
         if not self._forwards:
-            return items, await self.compute.run(build_batch, self.engine.limits, self.engine.radix, jobs)
+            return items, await self._build_here(jobs)
         builder = self.builder
         try:
             return items, await builder.build.remote(jobs)
@@ -173,14 +173,16 @@ class EngineReplica:
             return items, await self.builder.build.remote(jobs)
 
     async def _run(self, built: tuple[list[ScopedJob], PreparedBatch]) -> list[Any]:
-        """Each job's partial result, in order, from the batch the IndexBuilder prepared."""
+        """Each job's partial result, in order, from the prepared batch."""
         return await self._forward(*built)
 
     async def _build_and_run(self, items: list[ScopedJob]) -> list[Any]:
         """`index_builder: inline`: build and run one after the other (the pipeline benchmark's baseline)."""
-        prepared = await self.compute.run(build_batch, self.engine.limits, self.engine.radix,
-                                          [job for job, _ in items])
-        return await self._forward(items, prepared)
+        return await self._forward(items, await self._build_here([job for job, _ in items]))
+
+    async def _build_here(self, jobs: list[TaskJob]) -> PreparedBatch:
+        """The batch built on the compute thread."""
+        return await self.compute.run(build_batch, self.engine.limits, self.engine.radix, jobs)
 
     async def _forward(self, items: list[ScopedJob], prepared: PreparedBatch) -> list[Any]:
         """The jobs' partial results, each job reading and filling its request's prefix cache scope."""
