@@ -35,9 +35,12 @@ class Builder:
 def replica(monkeypatch):
     """An `EngineReplica` with its batching methods, a compute thread and a recording builder and engine."""
     inline: list[tuple[list[str], int]] = []  # (jobs, thread) of each build on the compute thread
-    monkeypatch.setattr(engine_replica, "build_batch",
-                        lambda limits, radix, jobs: inline.append((list(jobs), threading.get_ident())) or
-                        ("inline", list(jobs)))
+
+    def build_batch(limits, radix, jobs):
+        inline.append((list(jobs), threading.get_ident()))
+        return ("inline", list(jobs))
+
+    monkeypatch.setattr(engine_replica, "build_batch", build_batch)
 
     def run_jobs(jobs, prepared, scopes):
         time.sleep(FORWARD_S)
