@@ -156,8 +156,11 @@ def index_builders() -> list[tuple[str, str]]:
 
 
 def engine_batches(timeout_s: float = 30) -> int:
-    """Batches both engine replicas ran and did not fail, by their own count (an `info` call reaches one)."""
-    handle = serve.get_app_handle("radixserve")
+    """Batches both engine replicas ran and did not fail, by their own count. An `info` call reaches one: called
+    through a handle of the engine deployment made here, whose router has nothing else outstanding, so equal loads
+    spread its calls over both replicas (through the ingress, its router sends each call to the replica it counts
+    least loaded: in one CI run 30 s of calls all reached one replica)."""
+    handle = serve.get_deployment_handle("EngineReplica", app_name="radixserve")
     seen = {}
     deadline = time.monotonic() + timeout_s
     while len(seen) < 2:
