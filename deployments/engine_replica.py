@@ -5,7 +5,7 @@ ids and what finishing needs), already validated and tokenized, with the prefix 
 it costs. The batcher admits the request whole or refuses it whole, groups parts of one prefix into one batch,
 and drops the parts of a request whose call was cancelled; the replica's `IndexBuilder` actor indexes batch k+1
 while batch k runs here, and a batch formed while the device is idle is indexed on the compute thread (nothing runs
-for the actor's build to overlap; its call only adds latency: ~4 ms of a 40-50 ms 8-document `tiny` request on 2
+for the actor's build to overlap; its call only adds latency: 3-4 ms of a 40-50 ms 8-document `tiny` request on 2
 CPUs); the request gets its parts' partial results back, which the ingress merges.
 
 A refusal is returned, not raised (`QueueFullError` as the call's value): Ray Serve logs every exception a
