@@ -215,7 +215,7 @@ def test_exported_metrics_match_the_traffic(served):
     # only (the owner has the query cached), so the burst is long enough to keep several outstanding there.
     burst = [scoring.Rerank.future(pb.RerankRequest(query="one shared query", documents=DOCS * 8), timeout=60,
                                    metadata=AUTH) for _ in range(16)]
-    for _ in range(2):  # IndexBuilders killed: the next batch on each replica starts a new one
+    for _ in range(2):  # IndexBuilders killed: the next batch built while one runs, or the health probe, starts one
         for name, namespace in index_builders():
             ray.kill(ray.get_actor(name, namespace=namespace))
         burst += [scoring.Rerank.future(pb.RerankRequest(query=f"after a kill {i}", documents=DOCS[:2]), timeout=60,
@@ -227,10 +227,13 @@ def test_exported_metrics_match_the_traffic(served):
 
     batches = engine_batches()
     deadline = time.monotonic() + 60
-    while True:  # the agent exports every second: wait until the last request and batch are in
+    # the agent exports every second: wait until the last request and batch are in, and a killed builder was
+    # replaced (a replica idle after the kills builds on its compute thread; its health probe, every 10 s, does it)
+    while True:
         families = scrape(url)
         counted = by_labels(families, "ray_radixserve_requests_total", ("task", "api", "code"))
-        if (counted == sent and total(families, "ray_radixserve_batch_compression_count") == batches) \
+        if (counted == sent and total(families, "ray_radixserve_batch_compression_count") == batches
+                and total(families, "ray_radixserve_index_builder_restarts_total") >= 1) \
                 or time.monotonic() > deadline:
             break
         time.sleep(1)
