@@ -36,6 +36,8 @@ recently and the keyed requests that spilled off their key's first replica.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -80,7 +82,8 @@ class PrefixAffinityRouter(RequestRouter):
         self._load_factor = DEFAULT_LOAD_FACTOR
         self._min_load_tokens = 0.0
         self._prefix_cache = False
-        self._outstanding: dict[tuple[str, str], list[float]] = {}  # (replica, internal request id) -> tokens each
+        self._routed = itertools.count()
+        self._outstanding: dict[int, tuple[str, float]] = {}  # routed call -> (replica unique_id, tokens)
         self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
         self.metrics = RouterMetrics()
 
@@ -158,31 +161,35 @@ class PrefixAffinityRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
-        """Count the request's tokens against the replica until `on_request_completed` (with a prefix cache, its
-        prefix not on the key's owner); export where its key went."""
+        """Count the request's tokens against the replica until `result` completes (with a prefix cache, its prefix
+        not on the key's owner); export where its key went.
+
+        Released by `result`'s own done callback, not by `on_request_completed`: Ray registers the call's completion
+        callback before it awaits the replica's acceptance and calls this hook after, so a call that finishes in the
+        meantime (an `info`, a queue-full refusal) was released before it was counted, and stayed counted for good
+        (600 fast calls left 18 counted). A done callback added to a finished call runs at once; a rejected attempt
+        is never counted, so it has nothing to release."""
         key = request_key(pending_request.args)
         owners = self._ring.walk(key)[:1] if key is not None else []
         if owners:
             self.metrics.routed(key, replica_id.unique_id, owners[0])
         tokens = request_weight(pending_request.args, self._prefix_cache and owners == [replica_id.unique_id])
-        slot = (replica_id.unique_id, pending_request.metadata.internal_request_id)
-        self._outstanding.setdefault(slot, []).append(tokens)  # calls of one parent share its id
+        routed = next(self._routed)
+        self._outstanding[routed] = (replica_id.unique_id, tokens)
         self._loads[replica_id.unique_id] = self._loads.get(replica_id.unique_id, 0.0) + tokens
+        loop = asyncio.get_running_loop()  # the router's: the callback comes on a Ray or gRPC thread
+        result.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, routed))
 
-    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        """Release one request's tokens; calls for requests never counted (a rejected attempt) are ignored."""
-        slot = (replica_id.unique_id, internal_request_id)
-        pending = self._outstanding.get(slot)
-        if not pending:
+    def _release(self, routed: int) -> None:
+        """Release a completed call's tokens (nothing when its replica left the ring meanwhile)."""
+        replica, tokens = self._outstanding.pop(routed, (None, 0.0))
+        if replica is None:
             return
-        tokens = pending.pop(0)
-        if not pending:
-            del self._outstanding[slot]
-        left = self._loads.get(replica_id.unique_id, 0.0) - tokens
+        left = self._loads.get(replica, 0.0) - tokens
         if left > 0:
-            self._loads[replica_id.unique_id] = left
+            self._loads[replica] = left
         else:
-            self._loads.pop(replica_id.unique_id, None)
+            self._loads.pop(replica, None)
 
     def _sync_ring(self) -> None:
         """Make the ring hold exactly the routable replicas; forget the loads of replicas that left."""
@@ -190,8 +197,8 @@ class PrefixAffinityRouter(RequestRouter):
         if current != self._ring.members:
             logger.info("PrefixAffinityRouter: ring %d -> %d replicas", len(self._ring), len(current))
             self._ring.set_members(current)
-        for slot in [s for s in self._outstanding if s[0] not in current]:
-            del self._outstanding[slot]
+        for routed in [n for n, (replica, _) in self._outstanding.items() if replica not in current]:
+            del self._outstanding[routed]
         for replica in [r for r in self._loads if r not in current]:
             del self._loads[replica]
         for replica in [r for r in self.metrics.window.counts if r not in current]:

@@ -36,6 +36,25 @@ SERVICERS = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["grpc_optio
 TEST_PORTS = (20000, 32767)
 
 
+class CallResult:
+    """The part of Ray's `ReplicaResult` a request router reads: done callbacks, which run when `finish` is called,
+    or at once when added to a finished call (as Ray's do)."""
+
+    def __init__(self, finished: bool = False):
+        self.finished, self.callbacks = finished, []
+
+    def add_done_callback(self, callback: Callable) -> None:
+        if self.finished:
+            callback(self)
+        else:
+            self.callbacks.append(callback)
+
+    def finish(self) -> None:
+        self.finished = True
+        for callback in self.callbacks:
+            callback(self)
+
+
 def free_port() -> int:
     """A port of `TEST_PORTS` that nothing holds right now, at random (test processes running side by side)."""
     low, high = TEST_PORTS[0], min(TEST_PORTS[1], ephemeral_ports()[0] - 1)

@@ -22,6 +22,7 @@ from deployments.metrics import EngineMetrics, IngressMetrics, KeyWindow, count_
 from radix_core.prefix_cache import PrefixCacheStats
 from deployments.router import PrefixAffinityRouter
 from radix_core.tasks import Usage
+from serving import CallResult
 
 CALLER = contextvars.ContextVar("caller", default=None)
 
@@ -120,7 +121,7 @@ def test_router_counts_spills_off_the_first_replica():
         for i, replica in enumerate([owner, other, owner]):
             request = PendingRequest(args=[EngineRequest((), "key", 10)], kwargs={},
                                      metadata=RequestMetadata(request_id=f"r{i}", internal_request_id=f"r{i}"))
-            router.on_request_routed(request, ReplicaID(replica, deployment), None)
+            router.on_request_routed(request, ReplicaID(replica, deployment), CallResult())
         assert spills == [1.0]
         assert router.metrics.window.counts[owner] == 1  # the key's last replica holds it
         router.update_replicas([Replica(owner)])  # `other` left: its keys are forgotten

@@ -14,6 +14,7 @@ from ray.serve.request_router import PendingRequest
 from deployments.engine_request import EngineRequest
 from deployments.hash_ring import HashRing
 from deployments.router import PrefixAffinityRouter
+from serving import CallResult
 
 DEPLOYMENT = DeploymentID(name="engine", app_name="radixserve")
 VNODES = 64
@@ -62,14 +63,28 @@ def test_router_follows_the_ring_and_spills_when_overloaded():
         order = await ranked_ids(router, pending("query-7", 100))
         assert order == ring.walk("query-7")
         # the owner now holds 10 outstanding requests of this key: well over its bounded share
-        for i in range(10):
-            router.on_request_routed(pending("query-7", 100, f"q{i}"), ReplicaID(order[0], DEPLOYMENT), None)
+        calls = [CallResult() for _ in range(10)]
+        for i, call in enumerate(calls):
+            router.on_request_routed(pending("query-7", 100, f"q{i}"), ReplicaID(order[0], DEPLOYMENT), call)
         assert router.loads == {order[0]: 1000.0}
         assert (await ranked_ids(router, pending("query-7", 100)))[0] == order[1]
-        for i in range(10):
-            router.on_request_completed(ReplicaID(order[0], DEPLOYMENT), f"q{i}")
-        router.on_request_completed(ReplicaID(order[0], DEPLOYMENT), "never-routed")  # ignored
+        for call in calls:
+            call.finish()
+        router.on_request_completed(ReplicaID(order[0], DEPLOYMENT), "q0")  # Ray's hook: nothing left to release
+        await asyncio.sleep(0)  # releases run on the router's loop
         assert router.loads == {} and await ranked_ids(router, pending("query-7", 100)) == order
+
+
+def test_a_call_that_completes_before_it_is_counted_leaves_no_load():
+    """Ray registers a call's completion callback before it awaits the replica's acceptance and calls
+    `on_request_routed` after it: a fast call (an `info`, a queue-full refusal) can complete in between. Released
+    by `on_request_completed`, it was released before it was counted, and stayed counted for good."""
+    async def main():
+        router = make_router([FakeReplica("rep0"), FakeReplica("rep1")])
+        router.on_request_completed(ReplicaID("rep0", DEPLOYMENT), "fast")  # in Ray's order
+        router.on_request_routed(pending(None, 50, "fast"), ReplicaID("rep0", DEPLOYMENT), CallResult(finished=True))
+        await asyncio.sleep(0)
+        assert router.loads == {}
 
     asyncio.run(main())
 
@@ -79,7 +94,7 @@ def test_min_load_tokens_keeps_a_burst_together():
         router = make_router([FakeReplica(f"rep{i}") for i in range(3)], min_load_tokens=2000)
         owner = (await ranked_ids(router, pending("k", 100)))[0]
         for i in range(10):
-            router.on_request_routed(pending("k", 100, f"q{i}"), ReplicaID(owner, DEPLOYMENT), None)
+            router.on_request_routed(pending("k", 100, f"q{i}"), ReplicaID(owner, DEPLOYMENT), CallResult())
         assert (await ranked_ids(router, pending("k", 100)))[0] == owner
 
     asyncio.run(main())
@@ -94,21 +109,27 @@ def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
         plain = make_router([FakeReplica("rep0"), FakeReplica("rep1")])
         owner = (await ranked_ids(plain, pending("few-shot", 1200, prefix_cost=1000)))[0]
         for i in range(4):
-            plain.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT), None)
+            plain.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT),
+                                    CallResult())
         assert plain.loads == {owner: 4800.0}
         assert (await ranked_ids(plain, pending("few-shot", 1200, "q4", 1000)))[0] != owner  # it would spill
 
         router = make_router([FakeReplica("rep0"), FakeReplica("rep1")], prefix_cache=True)
         other = ({"rep0", "rep1"} - {owner}).pop()
         for i in range(4):
-            router.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT), None)
-        router.on_request_routed(pending(None, 1200, "keyless"), ReplicaID(other, DEPLOYMENT), None)
+            router.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT),
+                                     CallResult())
+        router.on_request_routed(pending(None, 1200, "keyless"), ReplicaID(other, DEPLOYMENT), CallResult())
         assert router.loads == {owner: 800.0, other: 1200.0}
         assert (await ranked_ids(router, pending("few-shot", 1200, "q4", 1000)))[0] == owner
-        router.on_request_routed(pending("few-shot", 1200, "spilled", 1000), ReplicaID(other, DEPLOYMENT), None)
+        router.on_request_routed(pending("few-shot", 1200, "spilled", 1000), ReplicaID(other, DEPLOYMENT),
+                                 CallResult())
         assert router.loads[other] == 2400.0  # elsewhere the prompt is computed again: counted whole
-        router.on_request_completed(ReplicaID(owner, DEPLOYMENT), "q0")
-        assert router.loads[owner] == 600.0
+        first = CallResult()
+        router.on_request_routed(pending("few-shot", 1200, "q5", 1000), ReplicaID(owner, DEPLOYMENT), first)
+        first.finish()
+        await asyncio.sleep(0)
+        assert router.loads[owner] == 800.0
 
     asyncio.run(main())
 
@@ -116,11 +137,11 @@ def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
 def test_keyless_requests_go_least_loaded():
     async def main():
         router = make_router([FakeReplica(f"rep{i}") for i in range(3)])
-        router.on_request_routed(pending(None, 50, "a"), ReplicaID("rep0", DEPLOYMENT), None)
-        router.on_request_routed(pending(None, 20, "b"), ReplicaID("rep1", DEPLOYMENT), None)
+        router.on_request_routed(pending(None, 50, "a"), ReplicaID("rep0", DEPLOYMENT), CallResult())
+        router.on_request_routed(pending(None, 20, "b"), ReplicaID("rep1", DEPLOYMENT), CallResult())
         assert await ranked_ids(router, pending(request_id="c")) == ["rep2", "rep1", "rep0"]
         # a call without an EngineRequest weighs one token
-        router.on_request_routed(pending(None, None, "d"), ReplicaID("rep2", DEPLOYMENT), None)
+        router.on_request_routed(pending(None, None, "d"), ReplicaID("rep2", DEPLOYMENT), CallResult())
         assert router.loads["rep2"] == 1.0
 
     asyncio.run(main())
@@ -142,7 +163,7 @@ def test_removing_a_replica_moves_only_its_keys():
         router = make_router(replicas)
         keys = [f"key-{i}" for i in range(200)]
         before = {k: (await ranked_ids(router, pending(k)))[0] for k in keys}
-        router.on_request_routed(pending("key-0", 10, "x"), replicas[3].replica_id, None)
+        router.on_request_routed(pending("key-0", 10, "x"), replicas[3].replica_id, CallResult())
         router.update_replicas(replicas[:3])
         after = {k: (await ranked_ids(router, pending(k)))[0] for k in keys}
         assert all(after[k] == before[k] for k in keys if before[k] != "rep3")
@@ -178,6 +199,9 @@ def affinity_app(fan_out: bool = False):
             request_router_kwargs={**ROUTER_KWARGS, "min_load_tokens": 1000}))
     class WhoAmI:
         async def score(self, request: EngineRequest):
+            return serve.get_replica_context().replica_id.unique_id
+
+        def info(self):
             return serve.get_replica_context().replica_id.unique_id
 
     @serve.deployment(name="parent", ray_actor_options={"num_cpus": 0})
@@ -276,3 +300,21 @@ def test_fanned_out_sub_requests_all_route_to_the_key_owner(local_serve):
     for key in KEYS[:3]:
         served_by = handle.score.remote(key).result(timeout_s=30)
         assert len(served_by) == PER_KEY and len(set(served_by)) == 1, served_by
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_fast_calls_leave_no_load_behind(local_serve):
+    """600 keyless calls that finish at once (sequential, then concurrent): when they are done, the handle's router
+    counts nothing outstanding. Released by Ray's `on_request_completed`, 18 of them stayed counted for good (the
+    hook can run before `on_request_routed`), and keyless calls, ranked least loaded first, avoided their replica."""
+    handle = serve.run(affinity_app(), name="affinity", route_prefix=None)
+    served_by = Counter(handle.info.remote().result(timeout_s=30) for _ in range(300))
+    calls = [handle.info.remote() for _ in range(300)]
+    served_by.update(call.result(timeout_s=30) for call in calls)
+    router = handle._router._asyncio_router.request_router  # the handle's own router (private Ray API)
+    deadline = time.monotonic() + 10  # the last releases are scheduled on the router's loop
+    while router.loads and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert router.loads == {}, served_by
