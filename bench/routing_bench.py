@@ -5,8 +5,9 @@ concurrent clients either one request at a time in shuffled order (`shuffled`) o
 (`bursts`). Each configuration deploys the app afresh and sends the same stream:
 
 * prefix routing (PrefixAffinityRouter) vs Ray Serve's default router, 4 engine replicas each: the batches'
-  compression (rows computed / tokens, summed over every replica's IndexBuilder), throughput, and requests per
-  replica (max / mean);
+  compression (the rows the replicas computed, after in-batch sharing and their prefix caches, over their batches'
+  tokens, each replica's own count from `EngineReplica.info`), throughput, and requests per replica (the parts its
+  batcher ran: one per 8-document request; max / mean);
 * one engine replica: the compression a single replica reaches on the same stream (the routing target is at
   least 0.9 of it);
 * pipelining: one replica with the IndexBuilder actor (tokenize + index batch k+1 while batch k runs) vs
@@ -75,9 +76,19 @@ async def send(handle, units: list[list[dict]], clients: int) -> float:
     return time.perf_counter() - start
 
 
-def builder_stats() -> list[dict]:
-    names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("index-builder-")]
-    return ray.get([ray.get_actor(a["name"], namespace=a["namespace"]).stats.remote() for a in names])
+def engine_totals(replicas: int, timeout_s: float = 30.0) -> dict[str, dict[str, int]]:
+    """Per engine replica (its id): the batches and parts it ran, their tokens and the rows it computed, by its own
+    count; asked through a handle of the engine deployment (its calls spread over the replicas) until each of
+    `replicas` answered."""
+    handle = serve.get_deployment_handle("EngineReplica", app_name="radixserve")
+    seen, deadline = {}, time.monotonic() + timeout_s
+    while len(seen) < replicas:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(seen)} of {replicas} engine replicas answered info in {timeout_s} s")
+        info = handle.info.remote().result(timeout_s=timeout_s)
+        seen[info["replica"]] = {"batches": info["batcher"]["num_batches"], "requests": info["batcher"]["num_items"],
+                                 "tokens": info["input_tokens"], "computed": info["computed_tokens"]}
+    return seen
 
 
 def run_config(model_dir: str, units: list[list[dict]], clients: int, replicas: int, policy: str,
@@ -87,18 +98,16 @@ def run_config(model_dir: str, units: list[list[dict]], clients: int, replicas: 
             "placement": {"engine": {"num_replicas": replicas, "cpus": 1.5 / replicas}, "ingress": {"cpus": 0.25}}}
     handle = serve.run(build(args), name="radixserve", route_prefix=None)
     asyncio.run(send(handle, units[:2], clients))  # warm-up: replicas loaded, routers' caches filled
-    warm = builder_stats() if index_builder == "actor" else []
+    warm = engine_totals(replicas)
     seconds = asyncio.run(send(handle, units, clients))
-    stats = builder_stats() if index_builder == "actor" else []
+    done = engine_totals(replicas)
     serve.delete("radixserve")
-    row = {"seconds": seconds, "docs_per_s": sum(len(r["documents"]) for u in units for r in u) / seconds}
-    if stats:
-        delta = [{k: s[k] - w.get(k, 0) for k in s} for s, w in zip(stats, warm or [{}] * len(stats))]
-        per_replica = [d["requests"] for d in delta]
-        row.update(compression=sum(d["compact_tokens"] for d in delta) / sum(d["tokens"] for d in delta),
-                   batches=sum(d["batches"] for d in delta), requests=per_replica,
-                   max_over_mean=max(per_replica) / (sum(per_replica) / len(per_replica)))
-    return row
+    delta = [{key: count - warm[replica][key] for key, count in counts.items()} for replica, counts in done.items()]
+    per_replica = [d["requests"] for d in delta]
+    return {"seconds": seconds, "docs_per_s": sum(len(r["documents"]) for u in units for r in u) / seconds,
+            "compression": sum(d["computed"] for d in delta) / sum(d["tokens"] for d in delta),
+            "batches": sum(d["batches"] for d in delta), "requests": per_replica,
+            "max_over_mean": max(per_replica) / (sum(per_replica) / len(per_replica))}
 
 
 def main() -> None:
@@ -132,12 +141,9 @@ def write_report(results: dict, args) -> None:
     rows = ["| stream | configuration | N'/N | vs one replica | batches | requests per replica | max/mean | docs/s |",
             "|---|---|---|---|---|---|---|---|"]
     for (stream, label), r in results.items():
-        if "compression" in r:
-            single = results[stream, "one replica"]["compression"]
-            rows.append(f"| {stream} | {label} | {r['compression']:.3f} | {single / r['compression']:.2f} | "
-                        f"{r['batches']} | {r['requests']} | {r['max_over_mean']:.2f} | {r['docs_per_s']:.0f} |")
-        else:
-            rows.append(f"| {stream} | {label} | | | | | | {r['docs_per_s']:.0f} |")
+        single = results[stream, "one replica"]["compression"]
+        rows.append(f"| {stream} | {label} | {r['compression']:.3f} | {single / r['compression']:.2f} | "
+                    f"{r['batches']} | {r['requests']} | {r['max_over_mean']:.2f} | {r['docs_per_s']:.0f} |")
     pipelined = (results["shuffled", "one replica"]["docs_per_s"]
                  / results["shuffled", "one replica, index built inline"]["docs_per_s"])
     text = (f"# Routing and pipelining\n\nCommand: `python bench/routing_bench.py --clients {args.clients}` "
@@ -155,7 +161,7 @@ def write_report(results: dict, args) -> None:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Throughput and (where measured) N'/N of each configuration, one group of bars per stream."""
+    """Throughput and N'/N of each configuration, one group of bars per stream."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,7 +171,7 @@ def plot(results: dict, path: Path) -> None:
     fig, (speed, ratio) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     speed.barh(names, [r["docs_per_s"] for r in results.values()])
     speed.set(xlabel="documents/s")
-    ratio.barh(names, [r.get("compression", 0.0) for r in results.values()])
+    ratio.barh(names, [r["compression"] for r in results.values()])
     ratio.set(xlabel="N'/N (lower: more shared)", xlim=(0, 1))
     fig.suptitle(plot_title("routing and pipelining", tiny_model("tiny")), fontsize=9)
     fig.tight_layout()

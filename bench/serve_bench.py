@@ -47,7 +47,7 @@ from load_driver import LoadDriver
 from local_serve import start_serve
 from machine import plot_title, tiny_model
 from ray import serve
-from routing_bench import builder_stats
+from routing_bench import engine_totals
 from tqdm import tqdm
 from workloads import (
     MsMarco,
@@ -112,10 +112,10 @@ def served(client: ScoringClient, handle, requests: list[tuple[str, dict]], clie
     def call(task: str, request: dict) -> int:
         return getattr(client, task)(**request).usage.input_tokens
 
-    before, built = handle.info.remote().result(), builder_totals()
+    (counted,), before = engine_totals(1).values(), handle.info.remote().result()  # one engine replica
     seconds, latencies, tokens = drive(call, requests, clients, "served")
-    after, built_after = handle.info.remote().result(), builder_totals()
-    compression = (built_after["compact_tokens"] - built["compact_tokens"]) / (built_after["tokens"] - built["tokens"])
+    (counted_after,), after = engine_totals(1).values(), handle.info.remote().result()
+    compression = (counted_after["computed"] - counted["computed"]) / (counted_after["tokens"] - counted["tokens"])
     return {"seconds": seconds, "latencies": latencies, "tokens": tokens, "compression": compression,
             "trace": trace(before, after, latencies)}
 
@@ -165,11 +165,6 @@ def drive(call, requests: list[tuple[str, dict]], clients: int, label: str) -> t
         raise RuntimeError(f"{label}: {len(failed)} of {len(requests)} requests failed, the first with "
                            f"{failed[0].error}")
     return seconds, [o.latency_s for o in outcomes], sum(o.tokens for o in outcomes)
-
-
-def builder_totals() -> dict[str, int]:
-    stats = builder_stats()
-    return {key: sum(s[key] for s in stats) for key in ("tokens", "compact_tokens")}
 
 
 def baseline(model_dir: str, requests: list[tuple[str, dict]], clients: int, cpus: float) -> dict:
@@ -246,14 +241,15 @@ def write_report(results: dict, args, cpus: float, loads: tuple[float, float]) -
                f"--request-docs {args.request_docs} --embed-texts {args.embed_texts} --repeats {args.repeats} "
                f"--streams {' '.join(args.streams)}" + ("" if args.baseline else " --no-baseline"))
     text = (f"# The served path\n\nCommand: `{command}` ({cpus:.0f} CPUs, 1-minute load average {loads[0]:.1f} "
-            f"before and {loads[1]:.1f} after, `bench` preset Qwen3, float32; see the "
-            "script's docstring for each configuration). In-process and served alternate round by round; each row "
-            "is its round of median time. Latency is per request as its client saw it; N'/N is the compression of "
-            "the batches the engine ran.\n\n" + "\n".join(rows) + "\n\nThe served rounds' stage trace (that "
-            "round's, from `Ingress.info`: per request, ms: the ingress's encode, engine call and merge, the "
-            "replica's time from the call's arrival to its answer, hops = engine call less replica, proxy = the "
-            "client's latency less the ingress's stages; per batch: items, and ms of queue (the oldest item's), "
-            "build, wait for the device, forward):\n\n" + "\n".join(trace_rows) + "\n")
+            f"before and {loads[1]:.1f} after, `bench` preset Qwen3, float32; see the script's docstring for each "
+            "configuration). In-process and served alternate round by round; each row is its round of median time. "
+            "Latency is per request as its client saw it; N'/N is the rows computed (after in-batch sharing and the "
+            "prefix cache) over the input tokens: in-process from the answers' usage, served by the engine replica's "
+            "own count.\n\n" + "\n".join(rows)
+            + "\n\nThe served rounds' stage trace (that round's, from `Ingress.info`: per request, ms: the ingress's "
+            "encode, engine call and merge, the replica's time from the call's arrival to its answer, hops = engine "
+            "call less replica, proxy = the client's latency less the ingress's stages; per batch: items, and ms of "
+            "queue (the oldest item's), build, wait for the device, forward):\n\n" + "\n".join(trace_rows) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve_bench.md").write_text(text)
     (args.out / "serve_bench.json").write_text(json.dumps({f"{s} | {c}": {k: v for k, v in r.items()

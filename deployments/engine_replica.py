@@ -83,6 +83,7 @@ class EngineReplica:
                     self.engine.dtype)
         pipelined = self.batching.pipelined
         self.metrics = EngineMetrics()
+        self.input_tokens = 0  # tokens of the sequences this replica's batches ran (N)
         self.computed_tokens = 0  # rows this replica's batches computed (the load benchmark's goodput reads it)
         self.cached_tokens = 0  # tokens they read from the prefix cache instead
         self._cache_changed()
@@ -121,7 +122,8 @@ class EngineReplica:
         return {**self.engine.info, "replica": serve.get_replica_context().replica_id.unique_id,
                 "index_builder": self.batching.index_builder,
                 "max_batch_tokens": self.batching.max_batch_tokens, "torch_threads": torch.get_num_threads(),
-                "computed_tokens": self.computed_tokens, "cached_tokens": self.cached_tokens,
+                "input_tokens": self.input_tokens, "computed_tokens": self.computed_tokens,
+                "cached_tokens": self.cached_tokens,
                 "prefix_cache": self._cache_stats(), "batcher": self.batcher.stats.summary(),
                 "engine_request_stages": self.metrics.requests.totals,
                 "cpu_s": time.process_time()}  # CPU seconds this replica's process used, all its threads
@@ -199,6 +201,7 @@ class EngineReplica:
         """Export the mode and N'/N of a batch that ran: the rows it computed after in-batch sharing and cache hits,
         the sum of its jobs' `usage` (all N tokens when the mode is off and nothing was cached)."""
         computed = sum(result.usage.computed_tokens for result in results)
+        self.input_tokens += sum(result.usage.input_tokens for result in results)
         self.computed_tokens += computed
         self.cached_tokens += sum(result.usage.cached_tokens for result in results)
         self.metrics.ran(prepared.mode, prepared.num_tokens, computed)

@@ -162,6 +162,7 @@ def test_the_replica_counts_what_the_answers_read_from_its_cache(app):
     assert after["prefix_cache"]["lookup_tokens"] - before["prefix_cache"]["lookup_tokens"] == reply.usage.input_tokens
     assert after["cached_tokens"] - before["cached_tokens"] == read
     assert after["computed_tokens"] - before["computed_tokens"] == reply.usage.computed_tokens
+    assert after["input_tokens"] - before["input_tokens"] == reply.usage.input_tokens
     assert 0 < after["prefix_cache"]["bytes"] <= after["prefix_cache"]["budget_bytes"] == after["prefix_cache_bytes"]
 
 
