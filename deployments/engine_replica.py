@@ -63,6 +63,7 @@ from radix_core.host_memory import keep_freed_memory
 from radix_core.tasks import TaskJob
 
 logger = logging.getLogger("ray.serve")
+BUILDER_PING_TIMEOUT_S = 10.0  # a started IndexBuilder answers its health ping within this, even while it builds
 ScopedJob = tuple[TaskJob, str | None]  # a part and its request's prefix cache scope: what the batcher queues
 
 
@@ -90,6 +91,7 @@ class EngineReplica:
         self._builders = itertools.count()
         self._forwards = 0  # batches handed to the compute thread and not yet done
         self.builder = self._new_builder() if pipelined else None
+        self._builder_up = False  # whether `self.builder` answered once (a ping or a build): it started
         self.batcher = TokenBudgetBatcher(self._run if pipelined else self._build_and_run,
                                           self.batching.max_batch_tokens, self.batching.batch_wait_timeout_s,
                                           prepare=self._build if pipelined else None,
@@ -130,7 +132,9 @@ class EngineReplica:
 
     async def check_health(self) -> None:
         """Serve's health probe: the device must still compute (else Serve replaces the replica); a dead
-        IndexBuilder is replaced here rather than failing the replica."""
+        IndexBuilder, or one that answered before and no longer does, is replaced here rather than failing the
+        replica. One that never answered is still starting (a new worker process: over 10 s on a loaded node) and is
+        left to start: replaced on every probe, it never would, and each build waiting on it would fail."""
         # Beside the compute thread, so that a long batch does not fail the probe; its one-element op starts no
         # parallel region (no OpenMP team of its own, `deployments.compute_thread`).
         await asyncio.to_thread(self.engine.check_device)
@@ -138,10 +142,18 @@ class EngineReplica:
         if builder is None:
             return
         try:
-            await asyncio.wait_for(builder.ping.remote(), timeout=10)  # answered while a build runs
-        except (RayActorError, asyncio.TimeoutError):
-            logger.warning("IndexBuilder did not answer its health ping; starting a new one")
+            await asyncio.wait_for(builder.ping.remote(), timeout=BUILDER_PING_TIMEOUT_S)  # answered while it builds
+        except RayActorError:
+            logger.warning("IndexBuilder died; starting a new one")
             self._replace_builder(builder, "health")
+        except asyncio.TimeoutError:
+            if builder is self.builder and self._builder_up:
+                logger.warning("IndexBuilder did not answer its health ping; starting a new one")
+                self._replace_builder(builder, "health")
+            else:
+                logger.info("IndexBuilder has not started yet")
+        else:
+            self._answered(builder)
 
     def _new_builder(self):
         """A new IndexBuilder actor (no CPU reserved: it shares the replica's), named after the replica and its
@@ -158,21 +170,28 @@ class EngineReplica:
             return
         self.metrics.restarted(reason)
         ray.kill(failed, no_restart=True)
-        self.builder = self._new_builder()
+        self.builder, self._builder_up = self._new_builder(), False
+
+    def _answered(self, builder) -> None:
+        """`builder` answered a call: it started."""
+        if builder is self.builder:
+            self._builder_up = True
 
     async def _build(self, items: list[ScopedJob]) -> tuple[list[ScopedJob], PreparedBatch]:
-        """The batch built by the IndexBuilder while a batch runs (when the builder dies meanwhile, built again on
-        its replacement); on the compute thread while none does."""
+        """The batch built by the IndexBuilder while a batch runs; on the compute thread while none does, and when
+        the builder dies meanwhile (its replacement may take seconds to start, and could die too)."""
         jobs = [job for job, _ in items]
         if not self._forwards:
             return items, await self._build_here(jobs)
         builder = self.builder
         try:
-            return items, await builder.build.remote(jobs)
+            prepared = await builder.build.remote(jobs)
         except RayActorError:
-            logger.warning("IndexBuilder died while building a batch; retrying on a new one")
+            logger.warning("IndexBuilder died while building a batch; building it here, and starting a new one")
             self._replace_builder(builder, "build")
-            return items, await self.builder.build.remote(jobs)
+            return items, await self._build_here(jobs)
+        self._answered(builder)
+        return items, prepared
 
     async def _run(self, built: tuple[list[ScopedJob], PreparedBatch]) -> list[Any]:
         """Each job's partial result, in order, from the prepared batch."""

@@ -318,36 +318,82 @@ class Builder:
         raise RayActorError()
 
 
-def test_a_failed_build_keeps_the_builder_the_health_probe_started(monkeypatch):
-    """Builder A dies during a build; the health probe finds it dead first and starts B; the build then fails and
-    must retry on B, not kill it."""
-    class Engine:
-        def check_device(self):
-            pass
+class Engine:
+    def check_device(self):
+        pass
 
-    class Metrics:
-        def __init__(self):
-            self.restarts = []
 
-        def restarted(self, reason: str) -> None:
-            self.restarts.append(reason)
+class Metrics:
+    def __init__(self):
+        self.restarts = []
 
-    first, second = Builder("A"), Builder("B")
-    second.build.remote = lambda jobs: asyncio.sleep(0, result="built on B")
+    def restarted(self, reason: str) -> None:
+        self.restarts.append(reason)
+
+
+def replica_with(builder: Builder, replacements: list[Builder], monkeypatch) -> tuple[object, list[str]]:
+    """An EngineReplica's builder handling alone: `builder` (not yet answered), then `replacements` as it starts
+    new ones, a batch running (the next one goes to the IndexBuilder), the compute thread's build a stand-in; and
+    the names of the builders it kills."""
     replica = object.__new__(EngineReplica.func_or_class)
-    replica.engine, replica.metrics, replica.builder = Engine(), Metrics(), first
-    replica._forwards = 1  # a batch runs: the next one is built by the IndexBuilder
-    replica._new_builder = iter([second, Builder("C")]).__next__
+    replica.engine, replica.metrics, replica.builder, replica._builder_up = Engine(), Metrics(), builder, False
+    replica._forwards = 1
+    replica._new_builder = iter(replacements).__next__
+
+    async def build_here(jobs):
+        return "built here"
+    replica._build_here = build_here
     killed = []
     monkeypatch.setattr("deployments.engine_replica.ray.kill", lambda actor, no_restart: killed.append(actor.name))
+    return replica, killed
+
+
+def test_a_failed_build_keeps_the_builder_the_health_probe_started(monkeypatch):
+    """Builder A dies during a build; the health probe finds it dead first and starts B; the build then fails: the
+    batch is built on the compute thread (B may not have started, and may die too) and B is kept, not killed."""
+    first, second = Builder("A"), Builder("B")
+    replica, killed = replica_with(first, [second, Builder("C")], monkeypatch)
 
     async def main():
         build = asyncio.create_task(replica._build([("job", None)]))  # (job, prefix cache scope)
         await asyncio.sleep(0.01)  # the build waits on A
         first.dead = True
-        await replica.check_health()  # A does not answer: replaced by B
+        await replica.check_health()  # A is dead: replaced by B
         first.fail.set()  # and the build on A fails
         return await asyncio.wait_for(build, 5)
 
-    assert asyncio.run(main()) == ([("job", None)], "built on B")
+    assert asyncio.run(main()) == ([("job", None)], "built here")
+    assert (killed, replica.builder.name, replica.metrics.restarts) == (["A"], "B", ["health"])
+
+
+def test_the_health_probe_leaves_a_starting_builder_to_start(monkeypatch):
+    """A builder that has not answered yet (its worker process still starting: over 10 s with four replicas on a
+    loaded 2-CPU node) is not replaced when its ping times out; replaced on every probe, it never started, and the
+    builds waiting on it failed (routing_bench: every replica's builder killed every 10 s). One that answered
+    before and then stops answering is replaced."""
+    class Silent(Builder):
+        """Answers its ping only once `awake`."""
+
+        def __init__(self, name: str):
+            super().__init__(name)
+            self.awake = False
+
+        async def _ping(self) -> bool:
+            while not self.awake:
+                await asyncio.sleep(0.01)
+            return True
+
+    builder = Silent("A")
+    replica, killed = replica_with(builder, [Builder("B")], monkeypatch)
+    monkeypatch.setattr("deployments.engine_replica.BUILDER_PING_TIMEOUT_S", 0.05)
+
+    async def main():
+        await replica.check_health()  # starting: left alone
+        assert (killed, replica.builder.name) == ([], "A")
+        builder.awake = True
+        await replica.check_health()  # it answers: it started
+        builder.awake = False
+        await replica.check_health()  # it answered before and no longer does: replaced
+
+    asyncio.run(main())
     assert (killed, replica.builder.name, replica.metrics.restarts) == (["A"], "B", ["health"])
