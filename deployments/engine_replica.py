@@ -23,8 +23,7 @@ is computed once per replica instead of once per batch. Nothing is persisted: a 
 Each part travels through the batcher with its request's `cache_scope` (the API key's digest, or None for the shared
 tree) into `Engine.run_jobs(..., scopes=...)`. The cache is matched inside `Engine.run`, right before the forward,
 not in the IndexBuilder: batch k changes the cache while the builder prepares batch k+1 (`radix_core.cached_forward`).
-Rows computed (`computed_tokens`, the batch compression) count after cache hits; the IndexBuilder's totals count the
-rows its index leaves before them.
+Rows computed (`computed_tokens`, the batch compression) count after cache hits.
 
 **Batches are budgeted in what the device computes.** Each part enters the batcher with its input tokens and its
 work less the rows of its shared prefix this replica's cache holds when the part arrives

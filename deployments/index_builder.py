@@ -28,26 +28,15 @@ def build_batch(limits: BatchLimits, radix: str, jobs: list[TaskJob]) -> Prepare
 
 
 class IndexBuilder:
-    """The actor: holds the model's limits and the radix mode; no weights, no tokenizer. Counts what it built, so
-    a replica's batches can be inspected from outside (`stats`; the routing benchmark reads it)."""
+    """The actor: holds the model's limits and the radix mode; no weights, no tokenizer. What a replica's batches
+    computed is counted by the replica (`EngineReplica.info`), which also builds the batches formed while it idles."""
 
     def __init__(self, limits: BatchLimits, radix: str):
         self.limits = limits
         self.radix = radix
-        self.totals = {"batches": 0, "requests": 0, "tokens": 0, "compact_tokens": 0}
 
     async def build(self, jobs: list[TaskJob]) -> PreparedBatch:
-        prepared = await asyncio.to_thread(build_batch, self.limits, self.radix, jobs)
-        self.totals["batches"] += 1
-        self.totals["requests"] += len(jobs)
-        self.totals["tokens"] += prepared.num_tokens
-        self.totals["compact_tokens"] += prepared.index.num_compact if prepared.index is not None else \
-            prepared.num_tokens
-        return prepared
-
-    def stats(self) -> dict[str, int]:
-        """Batches, jobs and tokens built so far; `compact_tokens` counts the rows the batches compute."""
-        return dict(self.totals)
+        return await asyncio.to_thread(build_batch, self.limits, self.radix, jobs)
 
     def ping(self) -> bool:
         return True

@@ -290,7 +290,6 @@ def test_the_index_builder_answers_its_ping_while_a_build_runs(deployment):
         assert ray.get(builder.ping.remote(), timeout=10)
         assert time.monotonic() - started < 1.0
         assert ray.get(build, timeout=30).num_tokens == 6
-        assert ray.get(builder.stats.remote(), timeout=10)["batches"] == 1
     finally:
         ray.kill(builder)
 
