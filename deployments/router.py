@@ -37,7 +37,6 @@ recently and the keyed requests that spilled off their key's first replica.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -82,8 +81,6 @@ class PrefixAffinityRouter(RequestRouter):
         self._load_factor = DEFAULT_LOAD_FACTOR
         self._min_load_tokens = 0.0
         self._prefix_cache = False
-        self._routed = itertools.count()
-        self._outstanding: dict[int, tuple[str, float]] = {}  # routed call -> (replica unique_id, tokens)
         self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
         self.metrics = RouterMetrics()
 
@@ -174,22 +171,20 @@ class PrefixAffinityRouter(RequestRouter):
         if owners:
             self.metrics.routed(key, replica_id.unique_id, owners[0])
         tokens = request_weight(pending_request.args, self._prefix_cache and owners == [replica_id.unique_id])
-        routed = next(self._routed)
-        self._outstanding[routed] = (replica_id.unique_id, tokens)
-        self._loads[replica_id.unique_id] = self._loads.get(replica_id.unique_id, 0.0) + tokens
+        replica = replica_id.unique_id
+        self._loads[replica] = self._loads.get(replica, 0.0) + tokens
         loop = asyncio.get_running_loop()  # the router's: the callback comes on a Ray or gRPC thread
-        result.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, routed))
+        result.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, replica, tokens))
 
-    def _release(self, routed: int) -> None:
-        """Release a completed call's tokens (nothing when its replica left the ring meanwhile)."""
-        replica, tokens = self._outstanding.pop(routed, (None, 0.0))
-        if replica is None:
+    def _release(self, replica: str, tokens: float) -> None:
+        """Release a completed call's tokens (nothing when its replica left the ring meanwhile: its load is gone)."""
+        if replica not in self._loads:
             return
-        left = self._loads.get(replica, 0.0) - tokens
+        left = self._loads[replica] - tokens
         if left > 0:
             self._loads[replica] = left
         else:
-            self._loads.pop(replica, None)
+            del self._loads[replica]
 
     def _sync_ring(self) -> None:
         """Make the ring hold exactly the routable replicas; forget the loads of replicas that left."""
@@ -197,8 +192,6 @@ class PrefixAffinityRouter(RequestRouter):
         if current != self._ring.members:
             logger.info("PrefixAffinityRouter: ring %d -> %d replicas", len(self._ring), len(current))
             self._ring.set_members(current)
-        for routed in [n for n, (replica, _) in self._outstanding.items() if replica not in current]:
-            del self._outstanding[routed]
         for replica in [r for r in self._loads if r not in current]:
             del self._loads[replica]
         for replica in [r for r in self.metrics.window.counts if r not in current]:
