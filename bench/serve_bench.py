@@ -47,7 +47,6 @@ from load_driver import LoadDriver
 from local_serve import start_serve
 from machine import plot_title, tiny_model
 from ray import serve
-from routing_bench import engine_totals
 from tqdm import tqdm
 from workloads import (
     MsMarco,
@@ -112,10 +111,11 @@ def served(client: ScoringClient, handle, requests: list[tuple[str, dict]], clie
     def call(task: str, request: dict) -> int:
         return getattr(client, task)(**request).usage.input_tokens
 
-    (counted,), before = engine_totals(1).values(), handle.info.remote().result()  # one engine replica
+    before = handle.info.remote().result()  # the ingress's, with its one engine replica's counts
     seconds, latencies, tokens = drive(call, requests, clients, "served")
-    (counted_after,), after = engine_totals(1).values(), handle.info.remote().result()
-    compression = (counted_after["computed"] - counted["computed"]) / (counted_after["tokens"] - counted["tokens"])
+    after = handle.info.remote().result()
+    computed, tokens_run = (after[key] - before[key] for key in ("computed_tokens", "input_tokens"))
+    compression = computed / tokens_run
     return {"seconds": seconds, "latencies": latencies, "tokens": tokens, "compression": compression,
             "trace": trace(before, after, latencies)}
 
