@@ -21,7 +21,10 @@ its middle, the segment is split there (its K/V copied into two tensors, so each
 
 **States.** A segment is `resident` (K/V held, counted against the budget), `pending` (admitted by this lease,
 filled at commit) or a `ghost` (ids only: a record that the prefix was seen). Along every path resident
-segments come first, then pending, then ghosts.
+segments come first, then pending, then ghosts. The part of a sequence below where it left the tree, seen once,
+is a **ghost tail**: its ids alone (bytes) in its parent's children, recorded in its batch's `_Tails`, until a
+walk reaches it again and makes it a ghost segment: a rerank's 1,000 one-off documents are 1,000 dict entries,
+not 1,000 objects to create, order, collect and free.
 
 **Admission: the second sighting.** A row enters the cache the second time its history is seen: two sequences of
 one batch share it (a few-shot prompt, a rerank query, an embedding instruction: admitted by the batch that
@@ -33,7 +36,8 @@ that start with the same word share such a segment (about 180 of a 1,000-documen
 which no later batch is likely to read; admitted, each cost two copies at commit (its K/V and its states), 16 ms of
 the bookkeeping of such a batch on the bench model, against 1 ms without them. A short segment on the path to a
 longer admitted one is admitted with it. Ghosts cost their ids, and at most `ghost_tokens` of them are remembered
-(default 4x the rows the budget holds), least recently seen forgotten first.
+(default 4x the rows the budget holds), least recently seen forgotten first (a batch's ghost tails in the
+order it left them, as one entry of the ghosts' recency order).
 
 **Eviction.** Least recently used first, one whole segment at a time, only segments without cached segments
 below them (evicting one may expose its parent); never one this lease uses. An evicted segment becomes a ghost,
@@ -61,7 +65,7 @@ runs), for whoever plans the next batches: what the cache holds or the running b
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -78,7 +82,7 @@ DEFAULT_CPU_BYTES = 256 << 20  # on the CPU: 14,563 rows of the bench preset, 1,
 GPU_FREE_SHARE = 0.3  # on CUDA: this share of the device memory free once the weights are loaded
 GHOST_FACTOR = 4  # ghost tokens remembered, per row the budget holds
 MIN_LEAF_ROWS = 4  # the fewest rows of a seen ghost admitted with no admission below it
-_LEAF: dict = {}  # the children of every segment that has none: a ghost tail is one object for the collector, not two
+_LEAF: dict = {}  # the children of every segment that has none
 
 
 def cache_budget(setting: int | str, shape: RowShape) -> int:
@@ -122,7 +126,8 @@ class _Segment:
         self.size = len(ids) >> 2  # n
         self.depth = depth  # tokens above the segment: the position of its first row
         self.parent = parent  # None for a scope's root
-        self.children: dict[bytes, _Segment] = _LEAF  # by first token id's bytes; its own dict from the first
+        self.children: dict[bytes, _Segment | bytes] = _LEAF  # by first token id's bytes (a ghost tail: its ids);
+        # its own dict from the first
         self.state = state
         self.kv: torch.Tensor | None = None  # (layers, 2, n, Hkv, D) when resident
         self.states: torch.Tensor | None = None  # (n, hidden) when resident
@@ -131,7 +136,19 @@ class _Segment:
         self.scope = scope  # a root's scope
 
 
-_Step = tuple["_Segment", int, int, "_Segment | None"]  # a walk's segment, its end, the cached prefix there
+class _Tails:
+    """The ghost tails one lease left, as (parent, ids) in the order it left them; forgotten from the front. One
+    that a later walk reached is a segment since, and is no longer its parent's child."""
+
+    __slots__ = ("parents", "tails")
+
+    def __init__(self):
+        self.parents: deque[_Segment] = deque()
+        self.tails: deque[bytes] = deque()
+
+
+_Step = tuple["_Segment", int, int, "_Segment | None", bytes]  # a walk's segment, its end, the cached prefix there,
+# and the ids of its path
 
 
 @dataclass
@@ -147,6 +164,7 @@ class CacheLease:
     pending: list[_Segment] = field(default_factory=list)  # the segment of each admitted range
     refills: dict[_Segment, int] = field(default_factory=dict)  # hybrid: resident segments without an end state,
     # each with the first sequence that computes its rows
+    tails: _Tails = field(default_factory=_Tails)  # the ghost tails its walks left
     hits: int = 0
     committed: bool = False
 
@@ -261,7 +279,7 @@ class PrefixCache:
         self._stats = PrefixCacheStats(budget_bytes)
         self._roots: dict[Hashable, _Segment] = {}
         self._resident: OrderedDict[_Segment, None] = OrderedDict()  # least recent first, after descendants
-        self._ghosts: OrderedDict[_Segment, None] = OrderedDict()  # the same order among ghosts
+        self._ghosts: OrderedDict[_Segment | _Tails, None] = OrderedDict()  # the same order among ghosts
         self._tick = 0
         self._touched: set[_Segment] = set()
 
@@ -301,12 +319,16 @@ class PrefixCache:
             lease = CacheLease(self, sequences, roots, np.zeros(num_sequences, dtype=np.int64), [None] * num_sequences)
             try:
                 with self._tree_lock:
+                    self._ghosts[lease.tails] = None  # before every segment the lease walks: parents after tails
                     seen: dict[_Segment, int] = {}  # ghosts walked, each with the first sequence that walked it
                     trail: list[_Step] = []
+                    matched = []
                     for s in range(num_sequences):  # all walked before any eviction
                         if not s or roots[s] is not roots[s - 1]:
-                            trail = [(roots[s], 0, 0, None)]
-                        lease.matched[s], lease.tips[s] = self._walk(lease, s, seen, trail)
+                            trail = [(roots[s], 0, 0, None, b"")]
+                        length, lease.tips[s] = self._walk(lease, s, seen, trail)
+                        matched.append(length)
+                    lease.matched[:] = matched
                     self._admit(lease, seen)
                     self._stats.lookups += num_sequences
                     self._stats.lookup_tokens += int(cu_seqlens[-1] - cu_seqlens[0])
@@ -326,7 +348,7 @@ class PrefixCache:
             node, p, length = self._roots.get(scope), 0, len(seq) >> 2
             while node is not None and p < length:
                 child = node.children.get(seq[4 * p:4 * p + 4])
-                if child is None or child.state == GHOST:
+                if child is None or child.__class__ is bytes or child.state == GHOST:
                     break
                 common = _common_length(child.ids, seq, p)
                 p += common
@@ -350,13 +372,16 @@ class PrefixCache:
         once, not 1,000 times."""
         seq = lease.sequences[s]
         length = len(seq) >> 2
-        while trail[-1][1] and not seq.startswith(lease.sequences[s - 1][:4 * trail[-1][1]]):
+        while not seq.startswith(trail[-1][4]):
             trail.pop()
-        node, p, matched, tip = trail[-1]
+        node, p, matched, tip, _ = trail[-1]
         while p < length:
-            child = node.children.get(seq[4 * p:4 * p + 4])
+            first = seq[4 * p:4 * p + 4]
+            child = node.children.get(first)
             if child is None:
                 break
+            if child.__class__ is bytes:  # a ghost tail, reached again
+                child = self._promote(node, first, child, p)
             common = _common_length(child.ids, seq, p)
             if common < child.size and (p + common < length or child.state != RESIDENT):
                 child = self._split(child, common)  # the lower part is not on this path: its recency stays
@@ -372,16 +397,24 @@ class PrefixCache:
             node = child
             if common < child.size:  # the sequence ends inside a resident segment
                 break
-            trail.append((node, p, matched, tip))
-        if p < length:
-            tail = _Segment(seq[4 * p:], p, node, GHOST)
+            trail.append((node, p, matched, tip, seq[:4 * p]))
+        if p < length:  # the walk left the tree at `first`: the rest is a ghost tail
+            tail = seq[4 * p:]
             if node.children is _LEAF:
                 node.children = {}
-            node.children[tail.ids[:4]] = tail
-            self._ghosts[tail] = None  # the most recent: a new tail is after every segment, and has no descendant
-            self._stats.ghost_tokens += tail.size
-            tail.tick = self._tick  # not `_touch`ed: `_close` need not move it (one per document of a rerank)
+            node.children[first] = tail
+            lease.tails.parents.append(node)
+            lease.tails.tails.append(tail)
+            self._stats.ghost_tokens += length - p
         return matched, tip
+
+    def _promote(self, parent: _Segment, first: bytes, tail: bytes, depth: int) -> _Segment:
+        """The ghost tail `tail` (first id `first`, at `depth`) of `parent` becomes a ghost segment, the most
+        recent (its `_Tails` entry is skipped when forgotten)."""
+        segment = _Segment(tail, depth, parent, GHOST)
+        parent.children[first] = segment
+        self._ghosts[segment] = None
+        return segment
 
     def _continues(self, segment: _Segment, common: int, ends_here: bool) -> bool:
         """Whether a sequence whose cached prefix reached `segment` and covers `common` of its rows (ending there:
@@ -462,9 +495,8 @@ class PrefixCache:
             segment.kv, segment.states = lower_kv, lower_states
         segment.ids, segment.size, segment.depth, segment.parent = segment.ids[4 * at:], segment.size - at, \
             segment.depth + at, upper
-        recency = {RESIDENT: self._resident, GHOST: self._ghosts}.get(segment.state)
-        if recency is not None:
-            recency[upper] = None  # after the lower part, its descendant
+        if segment.state != PENDING:  # after the lower part, its descendant
+            (self._resident if segment.state == RESIDENT else self._ghosts)[upper] = None
         self._touch(upper)
         return upper
 
@@ -514,27 +546,51 @@ class PrefixCache:
             recency = self._resident if segment.state == RESIDENT else self._ghosts
             recency.move_to_end(segment)
         self._touched.clear()
+        if not lease.tails.tails:
+            del self._ghosts[lease.tails]
         while self._stats.ghost_tokens > self.ghost_limit:
-            self._forget(next(iter(self._ghosts)))
+            oldest = next(iter(self._ghosts))
+            if oldest.__class__ is _Tails:
+                self._forget_tails(oldest)
+                continue
+            del self._ghosts[oldest]
+            self._stats.ghost_tokens -= oldest.size
+            self._unlink(oldest.parent, oldest.ids[:4])
 
-    def _forget(self, ghost: _Segment) -> None:
-        """Remove a ghost without children from the tree (and its scope's root when that empties)."""
-        del self._ghosts[ghost]
-        self._stats.ghost_tokens -= ghost.size
-        parent = ghost.parent
-        del parent.children[ghost.ids[:4]]
+    def _forget_tails(self, tails: _Tails) -> None:
+        """Forget the ghost tails of `tails` from the front, while there are more ghost tokens than the limit."""
+        parents, ids, stats = tails.parents, tails.tails, self._stats
+        while ids and stats.ghost_tokens > self.ghost_limit:
+            parent, tail = parents.popleft(), ids.popleft()
+            first = tail[:4]
+            if parent.children.get(first) is tail:  # else reached again: a segment since
+                stats.ghost_tokens -= len(tail) >> 2
+                self._unlink(parent, first)
+        if not ids:
+            del self._ghosts[tails]
+
+    def _unlink(self, parent: _Segment, first: bytes) -> None:
+        """Remove the ghost child of `parent` whose first id is `first`, which has no children, from the tree (and
+        its scope's root when that empties)."""
+        del parent.children[first]
         if parent.parent is None and not parent.children:
             del self._roots[parent.scope]
 
 
 def _common_length(ids: bytes, seq: bytes, p: int) -> int:
     """Leading tokens `ids` (a segment, whose first id matched) shares with `seq` from token `p`: one C call
-    when they agree (the common case), a binary search of C calls where they part (a few microseconds for a
-    100-token segment, a third of numpy's)."""
+    when they agree (the common case); where they part, a search of C calls from the start, doubling then halving
+    (one call for two documents that share only their first word, the most common parting under a rerank's query;
+    a few microseconds for a 100-token segment, a third of numpy's)."""
     size = min(len(ids), len(seq) - 4 * p)
     if seq.startswith(ids if size == len(ids) else ids[:size], 4 * p):
         return size >> 2
     agree, differ = 1, size >> 2  # tokens known to agree, and a count known not to
+    while 2 * agree < differ:
+        if not seq.startswith(ids[:8 * agree], 4 * p):
+            differ = 2 * agree
+            break
+        agree *= 2
     while differ - agree > 1:
         middle = (agree + differ) >> 1
         if seq.startswith(ids[:4 * middle], 4 * p):
@@ -579,4 +635,4 @@ def _depth(segment: _Segment) -> int:
 
 
 def _holds_rows_below(segment: _Segment) -> bool:
-    return any(child.state != GHOST for child in segment.children.values())
+    return any(child.__class__ is not bytes and child.state != GHOST for child in segment.children.values())

@@ -10,7 +10,7 @@ import torch
 
 from radix_core.cached_rows import RowShape
 from radix_core.cascade import concat_ranges
-from radix_core.prefix_cache import GHOST, MIN_LEAF_ROWS, PENDING, RESIDENT, PrefixCache, cache_budget
+from radix_core.prefix_cache import GHOST, MIN_LEAF_ROWS, PENDING, RESIDENT, PrefixCache, _Segment, cache_budget
 
 SHAPE = RowShape(layers=2, kv_heads=1, head_dim=2, hidden=3, dtype=torch.float64, device=torch.device("cpu"))
 ROW = SHAPE.bytes  # (2 x 2 x 1 x 2 + 3) x 8 = 88 bytes
@@ -55,22 +55,32 @@ def run(cache: PrefixCache, sequences: list[list[int]], scopes=None) -> tuple[li
 
 
 def segments(cache: PrefixCache):
-    """Every segment below the roots, with the ids from its root to its end."""
+    """Every segment below the roots, with the ids from its root to its end (ghost tails not included)."""
+    return [(node, history) for node, history in nodes(cache) if not isinstance(node, bytes)]
+
+
+def nodes(cache: PrefixCache):
+    """Every segment and ghost tail (its ids) below the roots, with the ids from its root to its end."""
     stack = [(root, np.zeros(0, dtype=np.int64)) for root in cache._roots.values()]
     while stack:
         node, history = stack.pop()
         for child in node.children.values():
-            path = np.concatenate([history, np.frombuffer(child.ids, dtype=np.int32)])
+            ids = child if isinstance(child, bytes) else child.ids
+            path = np.concatenate([history, np.frombuffer(ids, dtype=np.int32)])
             yield child, path
-            stack.append((child, path))
+            if not isinstance(child, bytes):
+                stack.append((child, path))
 
 
 def check_tree(cache: PrefixCache) -> None:
     """The invariants between leases: states along paths, byte and ghost counts, K/V of every resident row,
-    recency order (each segment after its descendants)."""
+    recency order (each segment after its descendants, and after the ghost tails below it)."""
     stats = cache.stats()
     resident = ghost = 0
-    for seg, history in segments(cache):
+    for seg, history in nodes(cache):
+        if isinstance(seg, bytes):
+            ghost += len(seg) // 4
+            continue
         assert seg.state in (RESIDENT, GHOST)  # nothing pending between leases
         assert seg.depth == len(history) - seg.size
         if seg.state == RESIDENT:
@@ -88,8 +98,8 @@ def check_tree(cache: PrefixCache) -> None:
     for order in (cache._resident, cache._ghosts):
         place = {seg: i for i, seg in enumerate(order)}
         for seg in order:
-            if seg.parent in place:
-                assert place[seg.parent] > place[seg]
+            below = [seg.parent] if isinstance(seg, _Segment) else seg.parents
+            assert all(place[seg] < place[parent] for parent in below if parent in place)
 
 
 def test_a_prefix_two_sequences_share_is_cached_by_their_batch_and_hit_by_the_next():
@@ -254,6 +264,18 @@ def test_ghosts_are_forgotten_oldest_first_past_their_limit():
     assert cache.stats().ghost_tokens == 8
     assert run(cache, [[1, 1, 1, 1]]) == ([0], [])  # forgotten: a first sighting again
     assert run(cache, [[3, 3, 3, 3]]) == ([0], [(0, 0, 4)])
+
+
+def test_a_batch_s_ghost_tails_are_forgotten_in_the_order_it_left_them_and_one_reached_again_is_kept():
+    """A batch's tails are one entry of the ghosts' recency order, forgotten from its front as far as the limit
+    needs; a tail that a later batch reaches is a segment from then on, and its first entry is skipped."""
+    cache = cache_of(100 * ROW, ghost_tokens=4)
+    run(cache, [[1, 1], [2, 2], [3, 3]])  # 6 tokens: [1, 1], left first, is forgotten
+    assert cache.stats().ghost_tokens == 4
+    assert run(cache, [[3, 3, 5]]) == ([0], [(0, 0, 2)])  # reached again: admitted; the tail [5] is left
+    assert cache.stats().ghost_tokens == 2 + 1
+    assert run(cache, [[2, 2]]) == ([0], [(0, 0, 2)])  # still remembered
+    assert run(cache, [[1, 1]]) == ([0], [])  # forgotten: a first sighting again
 
 
 def test_clear_starts_cold():
