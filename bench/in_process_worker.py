@@ -3,7 +3,7 @@
 `host_path_candidates` (`bench/host_path.py`) returns, per candidate, a call that runs the next round of one
 workload: the served path's stages (`bench/host_stages.py`), `Engine.rerank` (one batch per request) and plain
 transformers in padded batches; `clocks` returns and clears the stage clocks of the stages rounds run so far.
-`serve_bench_candidate` (`bench/serve_bench.py`) returns `in-process`: one round of the engine alone.
+`serve_bench_candidate` (`bench/serve_bench.py`) returns `in-process`: a round (by its index) of the engine alone.
 """
 
 from __future__ import annotations
@@ -55,13 +55,16 @@ def host_path_candidates(model_dir: str, app_args: dict, padded_batch: int, roun
             "close": path.close}  # the batcher's loops end before the interpreter does
 
 
-def serve_bench_candidate(model_dir: str, cache_bytes: int | str, requests: list[tuple[str, dict]], clients: int):
-    """`in-process`: the engine with the prefix cache budget `cache_bytes`, warmed up as the replica is (radix
-    `auto`'s cost model measured on this machine), on the requests; see `in_process`."""
+def serve_bench_candidate(model_dir: str, cache_bytes: int | str, rounds: list[list[tuple[str, dict]]],
+                          clients: int):
+    """`in-process`, given a round's index: the engine with the prefix cache budget `cache_bytes`, warmed up as
+    the replica is (radix `auto`'s cost model measured on this machine), on that round's requests; see
+    `in_process`."""
     engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto", prefix_cache_bytes=cache_bytes)
     engine.warm_up()
-    jobs = [(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
-    return {"in-process": lambda: in_process(engine, jobs, clients)}
+    jobs = [[(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
+            for requests in rounds]
+    return {"in-process": lambda r: in_process(engine, jobs[r], clients)}
 
 
 def in_process(engine: Engine, jobs: list, clients: int) -> dict:

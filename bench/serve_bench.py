@@ -25,7 +25,10 @@ call, the batcher's stages per batch), so a gap between served and in-process sh
 Streams (`bench/workloads.py`): MS MARCO-shaped rerank (`--queries` queries x `--docs` passages of 40-120
 tokens, shuffled requests of `--request-docs` passages of one query) and embedding with an instruction
 (`--embed-texts` of the same passages, `--request-docs` per request). Every request is sent once by `--clients`
-closed-loop clients (`bench/load_driver.py`).
+closed-loop clients (`bench/load_driver.py`). Each round sends a stream of its own, drawn afresh from that shape
+(new queries, passages and texts; the prompt template and the instruction stay), the same one to in-process and
+served: a cache then saves what a stream shares, never a round's answers to the round before it (which the same
+requests sent again would be: the embedding texts would all be cached after two rounds).
 
     python bench/serve_bench.py [--clients 8] [--queries 12] [--docs 32] [--streams rerank embed] [--no-baseline]
 """
@@ -79,28 +82,28 @@ def items(request: dict) -> int:
     return len(request.get("documents") or request.get("texts"))
 
 
-def compare(model_dir: str, cache: str, requests: list[tuple[str, dict]], clients: int, config: dict, port: int,
-            repeats: int) -> dict[str, dict]:
-    """In-process and served with the prefix cache `cache`, round by round (each round sends every request once),
-    alternating which goes first, after one warm-up round each, so the machine's drift touches both alike. Each
-    gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of each round's
-    pair."""
-    engine = ChildProcess(serve_bench_candidate, model_dir, CACHES[cache], requests, clients)
+def compare(model_dir: str, cache: str, rounds: list[list[tuple[str, dict]]], clients: int, config: dict,
+            port: int) -> dict[str, dict]:
+    """In-process and served with the prefix cache `cache`, round by round (each sends every request of its round
+    once; the first round is a warm-up), alternating which goes first, so the machine's drift touches both
+    alike. Each gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of
+    each round's pair."""
+    engine = ChildProcess(serve_bench_candidate, model_dir, CACHES[cache], rounds, clients)
     app = config["applications"][0]
     args = {**app["args"], "model": model_dir, "engine": {"prefix_cache_bytes": CACHES[cache]},
             "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
     handle = serve.run(build(args), name="radixserve", route_prefix="/")
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
-        runners = {"in-process": engine.runner("in-process"),
-                   "served": lambda: served(client, handle, requests, clients)}
-        rounds: dict[str, list[dict]] = {name: [] for name in runners}
-        for r in tqdm(range(repeats + 1), desc=f"cache {cache}", unit="round"):
+        runners = {"in-process": lambda r: engine.call("in-process", r),
+                   "served": lambda r: served(client, handle, rounds[r], clients)}
+        runs: dict[str, list[dict]] = {name: [] for name in runners}
+        for r in tqdm(range(len(rounds)), desc=f"cache {cache}", unit="round"):
             for name in (list(runners) if r % 2 else list(runners)[::-1]):
-                rounds[name].append(runners[name]())
+                runs[name].append(runners[name](r))
     serve.delete("radixserve")
     engine.close()
-    ratios = [i["seconds"] / s["seconds"] for i, s in zip(rounds["in-process"][1:], rounds["served"][1:])]
-    best = {name: median_round(requests, runs[1:]) for name, runs in rounds.items()}
+    ratios = [i["seconds"] / s["seconds"] for i, s in zip(runs["in-process"][1:], runs["served"][1:])]
+    best = {name: median_round(rounds[0], timed[1:]) for name, timed in runs.items()}
     best["served"]["ratios"] = ratios
     return {f"{name}, cache {cache}": result for name, result in best.items()}
 
@@ -146,7 +149,7 @@ def trace(before: dict, after: dict, latencies: list[float]) -> dict[str, float]
 
 
 def median_round(requests: list[tuple[str, dict]], runs: list[dict]) -> dict:
-    """The summary of the round of median seconds."""
+    """The summary of the round of median seconds (every round has as many items as `requests`)."""
     run = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
     return {**summary(requests, run["seconds"], run["latencies"], run["tokens"], run["compression"]),
             **({"trace": run["trace"]} if "trace" in run else {})}
@@ -205,17 +208,18 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
                                     **PRESETS["bench"]))
-    work = {name: requests for name, requests in streams(args, np.random.default_rng(args.seed)).items()
-            if name in args.streams}
+    rng = np.random.default_rng(args.seed)
+    drawn = [streams(args, rng) for _ in range(args.repeats + 1)]  # a warm-up round, then the timed ones
+    work = {name: [round_[name] for round_ in drawn] for name in args.streams}
     cpus = float(os.cpu_count() or 1)
     results, load_before = {}, os.getloadavg()[0]
     config, port = start_serve()
-    for name, requests in work.items():
+    for name, rounds in work.items():
         for cache in CACHES:
-            compared = compare(model_dir, cache, requests, args.clients, config, port, args.repeats)
+            compared = compare(model_dir, cache, rounds, args.clients, config, port)
             results.update({(name, label): r for label, r in compared.items()})
         if args.baseline:
-            results[name, "padded baseline"] = baseline(model_dir, requests, args.clients, cpus)
+            results[name, "padded baseline"] = baseline(model_dir, rounds[-1], args.clients, cpus)
     serve.shutdown()
     ray.shutdown()
     write_report(results, args, cpus, (load_before, os.getloadavg()[0]))
