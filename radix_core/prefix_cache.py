@@ -43,8 +43,9 @@ order it left them, as one entry of the ghosts' recency order).
 below them (evicting one may expose its parent); never one this lease uses. An evicted segment becomes a ghost,
 so the next sighting of its prefix admits it again. The bytes held, pending rows included, never pass the
 budget (a segment split copies its K/V once, briefly holding both); an admission that cannot be made room for
-is skipped. Recency is kept by two ordered dicts with every segment after its descendants, so the eviction
-scan finds the least recently used segment without cached segments below it at or near the front.
+is skipped. Recency is kept by two ordered dicts with every segment after its descendants (and after the
+`_Tails` entries of the ghost tails below it), so the eviction scan finds the least recently used segment without
+cached segments below it at or near the front, and a ghost is forgotten only once nothing hangs below it.
 
 **Hybrid models** (Gated DeltaNet layers, `RowShape.ends`): a segment also holds, at its end, each recurrent
 layer's state and convolution tail (`end`), counted against the budget with its rows. A sequence continues a cached
