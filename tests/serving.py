@@ -1,18 +1,21 @@
 """What the serve tests share: free loopback ports, `serve_config.yaml`'s gRPC servicers, `ServeCluster` (the one
 local Ray with Serve's HTTP and gRPC proxies that every serve module shares unless it needs a Ray of its own),
-`GrpcDeployment` (deploys the application on it, again when a test asks for another config), and `Launched`: the
-README's serve command (`radixserve serve CONFIG`) as a subprocess with its own local Ray."""
+`GrpcDeployment` (deploys the application on it, again when a test asks for another config), `Launched`: the
+README's serve command (`radixserve serve CONFIG`) as a subprocess with its own local Ray, and `held_compute`: the
+engine replicas' compute threads held, so that requests queue as they would behind a long batch on any machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -92,6 +95,52 @@ def start_local_ray(**options) -> None:
             ray.shutdown()
             if attempt or "timed out during startup" not in str(err):
                 raise
+
+
+def replica_actors(deployment: str) -> list:
+    """The Ray actors of `deployment`'s Serve replicas, in every namespace."""
+    named = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
+    return [ray.get_actor(a["name"], namespace=a["namespace"]) for a in named]
+
+
+@contextlib.contextmanager
+def held_compute(timeout_s: float = 60.0) -> Iterator[Callable[[], int]]:
+    """Every engine replica's compute thread busy with a wait until the block ends (or `timeout_s`, should the
+    test never end it): the requests a test sends inside queue in the batcher, and its first batch waits to be
+    built, as they would behind a long batch, however fast or slow the machine. Yields `ongoing()`: the requests
+    the replicas hold now (Serve's count: queued, in a batch, or waiting for their answer), for the test to wait
+    until its calls all arrived."""
+    actors = replica_actors("EngineReplica")
+
+    def hold(actor, seconds: float) -> None:  # runs in the replica's process (a closure: pickled by value)
+        replica = actor._replica_impl._user_callable_wrapper.user_callable
+        replica.test_release, started = threading.Event(), threading.Event()
+
+        def wait() -> None:
+            started.set()
+            replica.test_release.wait(seconds)
+
+        threading.Thread(target=replica.compute.call, args=(wait,), daemon=True).start()
+        if not started.wait(seconds):
+            raise TimeoutError(f"the compute thread did not take the hold within {seconds} s")
+
+    def release(actor) -> None:
+        actor._replica_impl._user_callable_wrapper.user_callable.test_release.set()
+
+    ray.get([actor.__ray_call__.remote(hold, timeout_s) for actor in actors])
+    try:
+        yield lambda: sum(ray.get([actor.get_num_ongoing_requests.remote() for actor in actors]))
+    finally:
+        ray.get([actor.__ray_call__.remote(release) for actor in actors])
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> float:
+    """Seconds until `condition()` held, polled every `poll_s`; fails the test after `timeout_s`."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"{what} did not happen within {timeout_s} s"
+        time.sleep(poll_s)
+    return time.monotonic() - started
 
 
 class ServeCluster:

@@ -13,6 +13,7 @@ import ray
 from ray import serve
 
 from deployments.app import build
+from serving import wait_for
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -24,15 +25,6 @@ AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 
 def engine_replicas() -> int:
     status = serve.status().applications["radixserve"].deployments["EngineReplica"]
     return status.replica_states.get("RUNNING", 0)
-
-
-def wait_for(condition, timeout_s: float, what: str) -> float:
-    """Seconds until `condition()` held; fails the test after `timeout_s`."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout_s, f"{what} did not happen within {timeout_s} s"
-        time.sleep(0.5)
-    return time.monotonic() - started
 
 
 @pytest.mark.timeout(400)
@@ -61,7 +53,7 @@ def test_the_engine_scales_up_under_load_and_down_after_without_a_failed_request
         clients = [threading.Thread(target=client, args=(i,)) for i in range(12)]
         for thread in clients:
             thread.start()
-        wait_for(lambda: engine_replicas() >= 2, 180, "scaling up under load")
+        wait_for(lambda: engine_replicas() >= 2, 180, "scaling up under load", poll_s=0.5)
         stop.set()
         for thread in clients:
             thread.join(60)
@@ -78,11 +70,11 @@ def test_the_engine_scales_up_under_load_and_down_after_without_a_failed_request
 
         background = threading.Thread(target=light_load)
         background.start()
-        wait_for(lambda: engine_replicas() == 1, 180, "scaling down once the load fell")
+        wait_for(lambda: engine_replicas() == 1, 180, "scaling down once the load fell", poll_s=0.5)
         trickle.set()
         background.join(60)
         assert set(outcomes) == {"OK"}, outcomes
-        wait_for(lambda: ray.available_resources().get("GPU") == 3, 120, "the removed replicas' GPUs freed")
+        wait_for(lambda: ray.available_resources().get("GPU") == 3, 120, "the removed replicas' GPUs freed", poll_s=0.5)
     finally:
         try:
             serve.shutdown()

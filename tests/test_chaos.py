@@ -17,7 +17,7 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
-from serving import SERVICERS, free_port
+from serving import SERVICERS, free_port, replica_actors
 
 from deployments.app import build
 from radixserve.client import ScoringClient
@@ -77,11 +77,6 @@ def deploy(model_dir: str, port: int, **args) -> str:
     with ScoringClient(address, timeout_s=60, retries=10, backoff_s=0.5) as client:
         client.rerank("warm up", DOCS)  # until the proxy routes to the application
     return address
-
-
-def replica_actors(deployment: str) -> list:
-    named = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
-    return [ray.get_actor(a["name"], namespace=a["namespace"]) for a in named]
 
 
 @pytest.fixture

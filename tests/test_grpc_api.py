@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving import ROOT, GrpcDeployment
+from serving import ROOT, GrpcDeployment, held_compute, wait_for
 
 import radixserve
 from radix_core import Engine
@@ -267,11 +267,14 @@ def shedding_app(deployment) -> Deployment:
 
 @pytest.mark.timeout(120)
 def test_a_full_token_queue_refuses_at_once_with_a_retry_hint(shedding_app):
-    """Queued tokens bounded at 400: of 12 concurrent requests of about 150 tokens most are refused, fast, with
-    `retry-after-ms`; the rest are answered; the server keeps serving."""
+    """Queued tokens bounded at 400: of 12 concurrent requests of about 150 tokens, sent while the replica's compute
+    thread is busy (so that the queue fills on a fast machine too), most are refused, fast, with `retry-after-ms`;
+    the rest are answered once it is free; the server keeps serving."""
     requests = [pb.RerankRequest(query=f"{QUERY} {i}", documents=DOCS[:2]) for i in range(12)]
     started = time.monotonic()
-    calls = [shedding_app.stub.Rerank.future(request, timeout=60) for request in requests]
+    with held_compute():
+        calls = [shedding_app.stub.Rerank.future(request, timeout=60) for request in requests]
+        wait_for(lambda: any(call.done() for call in calls), 30, "a refusal while the compute thread was held")
     codes = [call.code() for call in calls]
     refused = [call for call in calls if call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
     assert grpc.StatusCode.OK in codes and refused, codes

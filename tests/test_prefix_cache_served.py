@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from ray import serve
-from serving import GrpcDeployment
+from serving import GrpcDeployment, held_compute, wait_for
 
 from deployments.auth import SCOPE_DIGEST_BYTES, ApiKeys, cache_scope
 from deployments.http.service import CACHED_TOKENS_HEADER
@@ -182,14 +182,17 @@ def test_a_shared_scope_lets_keys_read_each_others_prompts_and_a_new_replica_sta
 @pytest.mark.timeout(300)
 def test_requests_that_read_a_cached_prompt_share_a_batch_their_whole_tokens_would_not_fit(app):
     """The replica budgets a batch in what it computes: a request's input tokens less its prompt's cached rows.
-    Four requests of ~3,000 tokens behind one cached prompt run together under a 4,096-token budget."""
+    Four requests of ~3,000 tokens behind one cached prompt, sent while the replica's compute thread is busy (so
+    that they all queue, however fast the machine answers each), run together under a 4,096-token budget."""
     app.use("tight")
     prompt = "Batched. " + PROMPT * 2
     first = classify(app, KEY_A, prompt)
     assert TIGHT_BATCH_TOKENS / 2 < first.usage.input_tokens <= TIGHT_BATCH_TOKENS  # two whole would not fit
     before = engine_info()["batcher"]
     stub = ScoringStub(app.channel)
-    calls = [stub.Classify.future(classify_request(prompt), timeout=60, metadata=bearer(KEY_A)) for _ in range(4)]
+    with held_compute() as ongoing:
+        calls = [stub.Classify.future(classify_request(prompt), timeout=60, metadata=bearer(KEY_A)) for _ in range(4)]
+        wait_for(lambda: ongoing() >= 4, 30, "the four requests reaching the replica")
     replies = [call.result() for call in calls]
     after = engine_info()["batcher"]
     assert all(reply.usage.cached_tokens > 0 for reply in replies)
