@@ -17,9 +17,12 @@ at 64 dimensions).
   any cut is exact), chunks group by their key bucket and pad their queries to the group's longest chunk; padded
   keys get `-inf` in an additive mask, passed only when a group holds padded keys. A block of at least
   `WHOLE_BLOCK` queries on consecutive rows (a rerank's shared prompt over its ~75,000 document rows, or the
-  cached template they all read) is one call of its own instead, its queries a view of their rows and its output
-  merged on them in place: chunks would copy every query, the keys once per chunk and every output (on a
-  1,000-document `tiny` rerank, the cached template's pass 66 -> 30 ms a layer).
+  cached template they all read) is read in place instead: calls of `WHOLE_CHUNK` consecutive queries each, the
+  queries a view of their rows, the keys the block's, each output merged on its rows in place (padded chunks would
+  copy every query, the keys once per chunk and every output: on a 1,000-document `tiny` rerank, the cached
+  template's pass 66 -> 30 ms a layer). Nor one call for the whole block: in 4,096-query calls the template's pass
+  took 48 ms instead of 75 per 1,000-document `tiny` rerank (both layers; 2 CPUs, an Intel Xeon, torch 2.13;
+  calls of 2,048 to 16,384 queries alike), 203 instead of 329 ms per 300-document `bench` rerank (8 layers).
 
 Each group reads its rows with one `index_select` per tensor (or a slice when its blocks are back to back and
 unpadded), and says where each of its output rows goes (`out_rows`): causal outputs are copied to their rows, a
@@ -40,7 +43,8 @@ from radix_core.cascade import concat_ranges
 BUCKETS_PER_OCTAVE = 8  # above 128, padding at most 1 / 8 of a length
 ALIGN = 16  # every bucket a multiple of 16: the CPU kernel runs 16 keys faster than 8 or 12, 64 than 56 or 60
 PREFIX_CHUNK = 64  # queries per prefix-block chunk: a block pads at most 63 query rows
-WHOLE_BLOCK = 1024  # a prefix block of at least this many queries on consecutive rows is one call, not chunks
+WHOLE_BLOCK = 1024  # a prefix block of at least this many queries on consecutive rows is read in place, not chunked
+WHOLE_CHUNK = 4096  # queries per call of such a block
 SHORT_PREFIX = ALIGN  # a prefix block of at most this many keys is absorbed into its descendants' causal blocks
 ABSORB_LIMIT = ALIGN  # the most keys a causal block takes in from its ancestors
 
@@ -160,14 +164,14 @@ def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key
                   device: torch.device) -> list[PaddedGroup]:
     """Prefix blocks (queries `q_rows[cu[j]:cu[j+1]]` over keys `key_start[j]:key_end[j]`) in chunks of at most
     `PREFIX_CHUNK` queries, grouped by key bucket; a padded query repeats its chunk's last. A block of at least
-    `WHOLE_BLOCK` queries on consecutive rows is one call of its own (`_whole_block`)."""
+    `WHOLE_BLOCK` queries on consecutive rows is read in place (`_whole_block`)."""
     q_rows, cu = q_rows.astype(np.int64), cu.astype(np.int64)
     q_lengths = np.diff(cu)  # (J,)
     breaks = np.concatenate([[0], np.cumsum(np.diff(q_rows) != 1)])  # (P,) row jumps before each query
     big = np.flatnonzero(q_lengths >= WHOLE_BLOCK)
     whole = big[breaks[cu[big + 1] - 1] == breaks[cu[big]]]  # no jump inside the block
-    groups = [_whole_block(int(q_rows[cu[j]]), int(q_lengths[j]), int(key_start[j]), int(key_end[j]), device)
-              for j in whole.tolist()]
+    groups = [group for j in whole.tolist() for group in
+              _whole_block(int(q_rows[cu[j]]), int(q_lengths[j]), int(key_start[j]), int(key_end[j]), device)]
     if whole.size:
         rest = np.setdiff1d(np.arange(q_lengths.shape[0]), whole)
         q_rows = q_rows[concat_ranges(cu[:-1][rest], q_lengths[rest])]
@@ -175,17 +179,18 @@ def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key
     return groups + _chunked_prefix(q_rows, cu, key_start, key_end, device)
 
 
-def _whole_block(first: int, queries: int, key_start: int, key_end: int, device: torch.device) -> PaddedGroup:
-    """A prefix block on the consecutive query rows `first ..` as one dense call: its queries read in place (a
-    view, no copy), and its keys padded to their bucket. The CPU kernel splits its queries itself, so chunks
-    would only add copies: of every query, of the keys per chunk, of the outputs (a 1,000-document rerank's shared
-    prompt, or its cached template, is ~75,000 queries over one range)."""
+def _whole_block(first: int, queries: int, key_start: int, key_end: int, device: torch.device) -> list[PaddedGroup]:
+    """A prefix block on the consecutive query rows `first ..` as dense calls of at most `WHOLE_CHUNK` queries: each
+    reads its queries in place (a view, no copy) and the same keys, padded to their bucket."""
     k_len = key_end - key_start
     k_pad = int(bucket_lengths(np.array([k_len]))[0])
-    keys = key_start + np.minimum(np.arange(k_pad), k_len - 1)
-    mask = None if k_pad == k_len else (np.arange(k_pad) < k_len)[None, None, None]
-    rows = slice(first, first + queries)
-    return PaddedGroup(1, queries, k_pad, rows, _as_index(keys, device), _tensor(mask, device), rows, None)
+    keys = _as_index(key_start + np.minimum(np.arange(k_pad), k_len - 1), device)
+    mask = None if k_pad == k_len else _tensor((np.arange(k_pad) < k_len)[None, None, None], device)
+    groups = []
+    for start in range(first, first + queries, WHOLE_CHUNK):
+        rows = slice(start, min(start + WHOLE_CHUNK, first + queries))
+        groups.append(PaddedGroup(1, rows.stop - start, k_pad, rows, keys, mask, rows, None))
+    return groups
 
 
 def _chunked_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key_end: np.ndarray,

@@ -18,6 +18,7 @@ from radix_core.padded_blocks import (
     ALIGN,
     BUCKETS_PER_OCTAVE,
     WHOLE_BLOCK,
+    WHOLE_CHUNK,
     bucket_lengths,
     padded_cascade,
     padded_prefix,
@@ -170,3 +171,23 @@ def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_querie
     k, v = torch.randn(2, rows, 2, 16, generator=gen)
     torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
                                per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
+
+
+def test_a_prefix_block_larger_than_a_call_is_cut_into_consecutive_calls_read_in_place():
+    """A template read by 3 * `WHOLE_CHUNK` + 5 consecutive query rows: one call per `WHOLE_CHUNK` queries, each a
+    slice of the rows written in place, together every query once, with the same keys; equal to one call."""
+    queries, keys = 3 * WHOLE_CHUNK + 5, 50
+    groups = padded_prefix(np.arange(7, 7 + queries), np.array([0, queries]), np.array([2]), np.array([2 + keys]),
+                           torch.device("cpu"))
+    assert [(g.q_rows.start, g.q_rows.stop) for g in groups] == [
+        (7 + i * WHOLE_CHUNK, 7 + min((i + 1) * WHOLE_CHUNK, queries)) for i in range(4)]
+    assert all(g.count == 1 and g.out_rows == g.q_rows and g.padding is None and g.k_len == 64 for g in groups)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(7 + queries, 4, 16, generator=gen)
+    k, v = torch.randn(2, 60, 2, 16, generator=gen)
+    whole_q = q[7:].unsqueeze(0).transpose(1, 2)  # (1, Hq, queries, D)
+    whole_k, whole_v = (t[2:2 + keys].unsqueeze(0).transpose(1, 2) for t in (k, v))
+    out, lse = _attention_with_lse(whole_q, whole_k, whole_v, False, 0.25)  # (1, Hq, queries, D), (1, Hq, queries)
+    parts = TorchAttention()._prefix_parts(q, k, v, groups, 0.25)
+    torch.testing.assert_close(torch.cat([o for o, _, _ in parts]), out[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([s for _, s, _ in parts]), lse[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
