@@ -17,7 +17,7 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
-from serving import SERVICERS, free_port, replica_actors
+from serving import SERVICERS, free_port, held_compute, replica_actors, wait_for
 
 from deployments.app import build
 from radixserve.client import ScoringClient
@@ -136,10 +136,11 @@ def test_a_call_in_flight_on_a_killed_ingress_replica_ends_unavailable(local_app
                 outcome.append((err.code().name, time.monotonic()))
 
     caller = threading.Thread(target=call)
-    caller.start()
-    time.sleep(1.5)  # the 1,000-document forward takes seconds: the call is in flight at the ingress
-    killed_at = time.monotonic()
-    ray.kill(replica_actors("Ingress")[0], no_restart=False)
+    with held_compute() as ongoing:  # the call waits at the engine, in flight at the ingress, however fast the machine
+        caller.start()
+        wait_for(lambda: ongoing() >= 1, 60, "the call reaching the engine replica")
+        killed_at = time.monotonic()
+        ray.kill(replica_actors("Ingress")[0], no_restart=False)
     caller.join(150)
     assert outcome and outcome[0][1] > killed_at, f"the call ended before the kill: {outcome}"
     assert outcome[0][0] == "UNAVAILABLE", outcome

@@ -18,7 +18,7 @@ import grpc
 import httpx
 import pytest
 from ray import serve
-from serving import GrpcDeployment
+from serving import GrpcDeployment, held_compute, wait_for
 
 from radix_core.tasks import EmbedRequest, task_for
 from radix_core.tasks.config import TaskConfig
@@ -218,13 +218,18 @@ LEAVES = [_grpc_deadline, _grpc_cancel, _client_timeout, _http_disconnect]
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("leave", LEAVES, ids=["grpc-deadline", "grpc-cancel", "client-timeout", "http-disconnect"])
 def test_a_request_whose_client_went_away_leaves_the_replica(app, leave):
-    """A 1000-document rerank abandoned after 1 s: most of its parts never run, and a small request sent right
-    after answers within a few batch times instead of waiting for the whole abandoned request (about 7 s). Each
-    case sends documents of its own: the prefix cache admits a sequence the second time it sees it, so documents
-    an earlier case sent would be read from the cache, and more of them would run before the client leaves."""
+    """A 1000-document rerank abandoned after 1 s, queued behind a busy compute thread (held, so no part runs before
+    the client leaves however fast the machine: on a fast one most of its 21 parts ran within that second): the
+    request leaves the engine replica, most of its parts never run, and a small request sent right after answers
+    within a few batch times instead of waiting for the whole abandoned request (seconds). Each case sends documents
+    of its own: the prefix cache admits a sequence the second time it sees it, so documents an earlier case sent
+    would be read from the cache."""
     unloaded = min(small_latency(app) for _ in range(3))
     ran_before, sent_before = parts_run_and_sent()
-    leave(app, pb.RerankRequest(query="an abandoned query", documents=documents(1000, seed=100 + LEAVES.index(leave))))
+    with held_compute() as ongoing:
+        leave(app, pb.RerankRequest(query="an abandoned query",
+                                    documents=documents(1000, seed=100 + LEAVES.index(leave))))
+        wait_for(lambda: ongoing() == 0, 60, "the abandoned request leaving the engine replica")
     latency = small_latency(app)
     time.sleep(2.0)  # whatever of the abandoned request still ran would have run by now
     ran_after, sent_after = parts_run_and_sent()
