@@ -10,7 +10,9 @@ whose outstanding work is above `load_factor` times the mean (this request inclu
 spills clockwise to the next replica instead of piling up; when loads are balanced the ring decides alone.
 `min_load` keeps small absolute imbalances from spilling: a replica holding less than one engine batch of
 queued tokens would batch a same-prefix request with the ones it already has, so sending it elsewhere only
-costs the shared prefix a second time.
+costs the shared prefix a second time. `owner_slack` lets the key's owner hold that much more than the bound: what
+moving the request off it costs (with a prefix cache on the replicas, the prefix the owner holds, computed again
+elsewhere), so a spill happens only when the imbalance outweighs the work it adds.
 
 Pure logic, no Ray: `deployments.router` feeds it replica ids and per-replica outstanding tokens.
 """
@@ -88,12 +90,13 @@ class HashRing:
         return order
 
     def rank(self, key: str, loads: Mapping[str, float], load_factor: float = DEFAULT_LOAD_FACTOR,
-             weight: float = 1.0, min_load: float = 0.0) -> list[str]:
+             weight: float = 1.0, min_load: float = 0.0, owner_slack: float = 0.0) -> list[str]:
         """Members in preference order for a request of `weight` with this key.
 
         Ring order from the key's point, except that a member whose load is above its bounded fair share,
-        `max(load_factor * (total_load + weight) / n, min_load)`, moves to the end; those come last, least
-        loaded first, ring order breaking ties. Members missing from `loads` count as idle.
+        `max(load_factor * (total_load + weight) / n, min_load)` (plus `owner_slack` for the key's owner, the
+        first in ring order), moves to the end; those come last, least loaded first, ring order breaking ties.
+        Members missing from `loads` count as idle.
         """
         if load_factor < 1.0:
             raise ValueError(f"load_factor must be >= 1 (1 = perfectly even, 1.25 = 25% over the mean), "
@@ -103,8 +106,9 @@ class HashRing:
             return []
         load = [float(loads.get(m, 0.0)) for m in order]
         capacity = max(load_factor * (sum(load) + weight) / len(order), min_load)
-        fits = [m for m, x in zip(order, load) if x <= capacity]
-        over = sorted((x, i) for i, x in enumerate(load) if x > capacity)
+        bound = [capacity + owner_slack] + [capacity] * (len(order) - 1)
+        fits = [m for m, x, b in zip(order, load, bound) if x <= b]
+        over = sorted((x, i) for i, (x, b) in enumerate(zip(load, bound)) if x > b)
         return fits + [order[i] for _, i in over]
 
     def least_loaded(self, key: str, loads: Mapping[str, float]) -> list[str]:

@@ -21,7 +21,11 @@ so a request there computes only its own rows: its load on the owner is its `cos
 other replica its whole `cost`. Loads are then what the devices compute, and the owner of a hot key takes its
 requests until its real outstanding work passes the bound; counting the prefix on the owner too made it look fuller
 than it was and spilled requests to a replica that computes the prefix again (bench/results/prefix_cache_bench.md).
-Without a cache the owner computes the prefix again in each batch, so every request counts its whole cost.
+Without a cache the owner computes the prefix again in each batch, so every request counts its whole cost. And a
+spill off the owner costs that prefix again, so with a cache the owner takes a request until its load passes the
+bound by more than the request's `prefix_cost` (`HashRing.rank`'s `owner_slack`): a few-shot prompt of 1,024 rows
+stays with the replica that holds it unless the imbalance is larger than the prompt, while an 8-document rerank's
+prefix of ~60 rows spills as the plain bound says.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
 that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
@@ -127,7 +131,7 @@ class PrefixAffinityRouter(RequestRouter):
         key = request_key(pending_request.args)
         if key is not None:
             order = self._ring.rank(key, self._loads, self._load_factor, request_weight(pending_request.args),
-                                    self._min_load_tokens)
+                                    self._min_load_tokens, self._owner_slack(pending_request.args))
         else:
             order = self._ring.least_loaded(pending_request.metadata.internal_request_id, self._loads)
         ranked = [by_id[i] for i in order if i in by_id]
@@ -136,6 +140,12 @@ class PrefixAffinityRouter(RequestRouter):
         open_ids = {r.replica_id for r in self.select_available_replicas(ranked)}
         ranked.sort(key=lambda r: r.replica_id not in open_ids)  # stable: full replicas last, order kept
         return [[r] for r in ranked]
+
+    def _owner_slack(self, args: Sequence[Any]) -> float:
+        """How far past its bounded share a key's owner still takes the request: with a prefix cache, the prefix rows
+        a spill would compute again on another replica; without one, nothing (every replica computes them)."""
+        request = engine_request(args)
+        return float(request.prefix_cost) if self._prefix_cache and request is not None else 0.0
 
     def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata=None) -> None:
         """Hand `replica` to the oldest unfulfilled request with the routed request's internal id.

@@ -102,6 +102,18 @@ def test_min_load_keeps_small_imbalances_on_the_owner():
     assert ring.rank(key, loads, weight=50, min_load=512)[0] == owner
 
 
+def test_owner_slack_lets_only_the_keys_owner_pass_the_bound():
+    ring = HashRing(REPLICAS)
+    key = KEYS[3]
+    order = ring.walk(key)
+    # total 1010 over 4: bounded share 315.6; the owner and the next both hold 400
+    loads = {order[0]: 400.0, order[1]: 400.0, order[2]: 100.0, order[3]: 100.0}
+    assert ring.rank(key, loads, weight=10) == [order[2], order[3], order[0], order[1]]
+    # 85 more for the owner alone (400.6): it keeps the key, the next member still goes last
+    assert ring.rank(key, loads, weight=10, owner_slack=85.0) == [order[0], order[2], order[3], order[1]]
+    assert ring.rank(key, loads, weight=10, owner_slack=84.0)[0] == order[2]  # 399.6: just short
+
+
 def test_least_loaded_orders_by_load_and_spreads_ties():
     ring = HashRing(REPLICAS)
     assert ring.least_loaded("x", {"r-a": 5, "r-b": 1, "r-c": 3, "r-d": 2}) == ["r-b", "r-d", "r-c", "r-a"]

@@ -134,6 +134,23 @@ def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
     asyncio.run(main())
 
 
+def test_with_a_prefix_cache_a_keys_owner_passes_the_bound_by_the_prefix_a_spill_would_compute_again():
+    """A few-shot request of 1,200 rows, 1,000 of them its prompt, on two replicas: its key's owner holds `held`
+    tokens of other work, the other replica none. The bound is 1.25 x (held + 1,200) / 2: 2,250 with 2,400 held,
+    3,875 with 5,000. Without a prefix cache every replica computes the prompt, so the request spills as soon as the
+    owner is over the bound; with one, a spill computes the prompt again, so the owner takes the request until it is
+    over the bound by more than the prompt's 1,000 rows."""
+    async def main():
+        for prefix_cache, held, stays in ((False, 2400, False), (True, 2400, True), (True, 5000, False)):
+            router = make_router([FakeReplica("rep0"), FakeReplica("rep1")], prefix_cache=prefix_cache)
+            owner = (await ranked_ids(router, pending("few-shot", 1200, prefix_cost=1000)))[0]
+            router.on_request_routed(pending(None, held, "other work"), ReplicaID(owner, DEPLOYMENT), CallResult())
+            ranked = await ranked_ids(router, pending("few-shot", 1200, "next", 1000))
+            assert (ranked[0] == owner) is stays, (prefix_cache, router.loads, ranked)
+
+    asyncio.run(main())
+
+
 def test_keyless_requests_go_least_loaded():
     async def main():
         router = make_router([FakeReplica(f"rep{i}") for i in range(3)])
