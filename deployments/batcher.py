@@ -13,8 +13,9 @@ Work is counted in `costs`: the rows the device will compute (a shared prefix on
 the caller goes away (its task is cancelled) or one of its parts fails, every part still queued leaves the queue,
 and a prepared batch holding a part of a finished request is not run: its live parts go back to the queue.
 
-A batch closes when the waiting parts hold `max_batch_tokens` (`num_tokens`: what the device holds; the engine
-replica counts a part's input tokens less those its prefix cache holds) or the oldest has waited `wait_timeout_s`,
+A batch closes when the waiting parts' work (`costs`, the rows the device computes) reaches `max_batch_tokens`, so
+every batch is about as long on the device however much of it is shared (`num_tokens`, the input tokens, only
+describe the queue and the batches), or when the oldest has waited `wait_timeout_s`,
 or at once when requests come one at a time: a request that finds the replica idle (nothing queued, nothing in a
 batch) right after the one before it did has no company to wait for, and the wait would only add `wait_timeout_s`
 to it (10 ms of the ~35 ms a lone 8-document rerank spent between the proxy and its forward, `bench/host_path.py`).
@@ -183,8 +184,8 @@ class TokenBudgetBatcher:
         self.observer = observer
         self.stats = BatcherStats()
         self._queue: list[_Part] = []  # arrival order (`seq`)
-        self._queued_tokens = 0  # input tokens of the queued parts: closes a batch at the budget
-        self._queued_cost = 0  # their work: admission
+        self._queued_tokens = 0  # input tokens of the queued parts
+        self._queued_cost = 0  # their work: admission, and closes a batch at the budget
         self._inflight_cost = 0  # work taken into a batch that has not finished yet
         self._idle_arrival = False  # the last request found nothing queued and nothing in a batch
         self._seq = itertools.count()
@@ -362,7 +363,7 @@ class TokenBudgetBatcher:
         (running, prepared, forming; 2.7 of 8 clients' 8-document requests a batch, `bench/serve_bench.py`)
         instead of two larger ones that share more."""
         loop = asyncio.get_running_loop()
-        while self._running_end is not None and self._queued_tokens < self.max_batch_tokens:
+        while self._running_end is not None and self._queued_cost < self.max_batch_tokens:
             remaining = self._running_end - self.stats.build_lead_s() - loop.time()
             if remaining <= 0 or not await self._woken_within(remaining):
                 return
@@ -404,7 +405,7 @@ class TokenBudgetBatcher:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            while self._queue and self._queued_tokens < self.max_batch_tokens and not self._queue[0].request.alone:
+            while self._queue and self._queued_cost < self.max_batch_tokens and not self._queue[0].request.alone:
                 remaining = self._queue[0].request.enqueued + self.wait_timeout_s - loop.time()  # arrival order
                 if remaining <= 0:
                     break
@@ -428,7 +429,7 @@ class TokenBudgetBatcher:
                        key=lambda i: (classes[i], group_rank[classes[i], self._queue[i].request.group], i))
         taken, total = [], 0
         for i in order:
-            n = self._queue[i].num_tokens
+            n = self._queue[i].cost
             if total + n <= self.max_batch_tokens or not taken:  # the first goes even when over budget
                 taken.append(i)
                 total += n

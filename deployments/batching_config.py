@@ -17,8 +17,10 @@ QUEUED_BATCHES = 64  # max_queued_tokens when unset: this many full batches of w
 class BatchingConfig:
     """The engine replica's batching, checked when made.
 
-    `max_batch_tokens`: token budget of one engine batch, in the tokens it computes: each request's input tokens
-    less its shared prefix's rows the replica's prefix cache holds. `batch_wait_timeout_s`: longest a request
+    `max_batch_tokens`: budget of one engine batch, in the rows it computes: each request part's input tokens with
+    its shared prefix counted once, less the rows of that prefix the replica's prefix cache holds. A batch the engine
+    runs without sharing (mode `off`), or whose attention it runs per sequence (`mlp`), holds every input token in
+    its attention: more than the budget where much of the batch is shared. `batch_wait_timeout_s`: longest a request
     waits for its batch to fill (0 to 10 s). `index_builder`: "actor" indexes batch k+1 in a per-replica actor
     while batch k runs (a batch formed while none runs on the replica's compute thread); "inline" builds each batch
     just before running it (for comparison).

@@ -26,9 +26,11 @@ not in the IndexBuilder: batch k changes the cache while the builder prepares ba
 Rows computed (`computed_tokens`, the batch compression) count after cache hits.
 
 **Batches are budgeted in what the device computes.** Each part enters the batcher with its input tokens and its
-work less the rows of its shared prefix this replica's cache holds when the part arrives
-(`PrefixCache.cached_length`): a classification request behind a cached 1,024-token prompt holds ~200 tokens of the
-batch, not ~8,600, so the requests that read one prompt (or several) share a batch instead of running one by one.
+work (its rows, the shared prefix once) less the rows of its shared prefix this replica's cache holds when the part
+arrives (`PrefixCache.cached_length`), and the batcher fills a batch by the work: a classification request behind a
+cached 1,024-token prompt holds ~200 rows of the batch, not ~8,600, so the requests that read one prompt (or several)
+share a batch instead of running one by one; where nothing is cached, a part's shared prefix still counts once, not
+once per sequence (a 1,000-document rerank's parts of ~8,170 tokens cost ~4,960 rows each).
 The count is an estimate made while another batch runs: that batch's admissions, or the next one's, can evict a
 prefix a queued part counted on, and that batch then computes the prefix again, over its budget by those rows.
 """

@@ -84,6 +84,24 @@ def test_batches_close_at_the_token_budget():
     run(main())
 
 
+def test_the_budget_counts_the_work_a_part_computes_not_its_input_tokens():
+    """Parts of 80 input tokens whose sequences share a prefix cost 30 rows each: a budget of 90 closes on three of
+    them (the rows the device computes), where counting input tokens would run them one by one."""
+    async def main():
+        rec = Recorder()
+        batcher = TokenBudgetBatcher(rec, max_batch_tokens=90, wait_timeout_s=3600.0)
+        request = asyncio.create_task(batcher.submit([f"p{k}" for k in range(6)], [80] * 6, [30] * 6, "query"))
+        await until(lambda: len(rec.batches) == 1)
+        assert rec.batches == [["p0", "p1", "p2"]]  # 90 rows: the budget
+        assert [stats.num_tokens for stats in batcher.stats.recent] == [240]
+        await until(lambda: len(rec.batches) == 2)
+        assert rec.batches[1] == ["p3", "p4", "p5"]
+        assert await request == [f"P{k}" for k in range(6)]
+        await batcher.close()
+
+    run(main())
+
+
 def test_partial_batch_closes_after_the_timeout():
     async def main():
         rec = Recorder()
