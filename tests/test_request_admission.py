@@ -243,13 +243,19 @@ def test_a_request_whose_client_went_away_leaves_the_replica(app, leave):
 @pytest.mark.timeout(300)
 def test_a_request_whose_deadline_passes_while_it_waits_never_computes(app):
     """A small request queued behind a 1000-document rerank with a 0.5 s deadline: DEADLINE_EXCEEDED, and its part
-    never runs (the replica runs exactly the big request's parts)."""
+    never runs (the replica runs exactly the big request's parts). The engine replica's compute thread is held
+    (`held_compute`) until the small request has left the replica, so it waits in the queue until its deadline
+    passes however fast the machine: unheld, a batch formed with room beside the big request's parts (its budget
+    counts rows, ~4,960 a part) could take the small part in time and run it, its deadline passing during the
+    batch."""
     ran_before, sent_before = parts_run_and_sent()
-    big = ScoringStub(app.channel).Rerank.future(
-        pb.RerankRequest(query="the request ahead", documents=documents(1000, seed=3)), timeout=240)
-    time.sleep(0.5)  # the big request is queued and running
-    with pytest.raises(grpc.RpcError) as caught:
-        ScoringStub(app.channel).Rerank(SMALL, timeout=0.5)
+    with held_compute() as ongoing:
+        big = ScoringStub(app.channel).Rerank.future(
+            pb.RerankRequest(query="the request ahead", documents=documents(1000, seed=3)), timeout=240)
+        wait_for(lambda: ongoing() == 1, 60, "the big request queued at the engine replica")
+        with pytest.raises(grpc.RpcError) as caught:
+            ScoringStub(app.channel).Rerank(SMALL, timeout=0.5)
+        wait_for(lambda: ongoing() == 1, 60, "the small request leaving the engine replica")
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert len(big.result().results) == 1000
     ran_after, sent_after = parts_run_and_sent()
