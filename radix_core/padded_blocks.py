@@ -16,13 +16,17 @@ at 64 dimensions).
 * **Prefix blocks** (unmasked) are cut into chunks of at most `PREFIX_CHUNK` queries (queries are independent, so
   any cut is exact), chunks group by their key bucket and pad their queries to the group's longest chunk; padded
   keys get `-inf` in an additive mask, passed only when a group holds padded keys. A block of at least
-  `WHOLE_BLOCK` queries on consecutive rows (a rerank's shared prompt over its ~75,000 document rows, or the
-  cached template they all read) is read in place instead: calls of `WHOLE_CHUNK` consecutive queries each, the
-  queries a view of their rows, the keys the block's, each output merged on its rows in place (padded chunks would
-  copy every query, the keys once per chunk and every output: on a 1,000-document `tiny` rerank, the cached
-  template's pass 66 -> 30 ms a layer). Nor one call for the whole block: in 4,096-query calls the template's pass
-  took 48 ms instead of 75 per 1,000-document `tiny` rerank (both layers; 2 CPUs, an Intel Xeon, torch 2.13;
-  calls of 2,048 to 16,384 queries alike), 203 instead of 329 ms per 300-document `bench` rerank (8 layers).
+  `SOLO_BLOCK` queries (a rerank's shared prompt over its ~75,000 document rows, the cached template they all read,
+  a cached few-shot prompt read by its request's ~200 rows) runs on its own instead: calls of `SOLO_CHUNK` queries,
+  none padded, the queries a view of their rows where they are consecutive (else gathered once), the keys the
+  block's own rows in place at their exact length (above `EXACT_KEYS`; fewer are padded to their bucket, which the
+  kernel runs faster), each output merged on its rows. Chunks would copy the keys once per chunk and pad queries
+  and keys: a cached 1,036-token prompt read by 204 queries took 6.1 ms a layer in four padded chunks of 64 against
+  3.5 ms on its own (hidden 512, 8 heads of 64, 4 K/V heads; one thread of an Intel Xeon, torch 2.13); on a
+  1,000-document `tiny` rerank the cached template's pass took 66 -> 30 ms a layer read in place. Nor one call for
+  the whole of a huge block: in 4,096-query calls the template's pass took 48 ms instead of 75 per 1,000-document
+  `tiny` rerank (both layers; calls of 2,048 to 16,384 queries alike), 203 instead of 329 ms per 300-document
+  `bench` rerank (8 layers).
 
 Each group reads its rows with one `index_select` per tensor (or a slice when its blocks are back to back and
 unpadded), and says where each of its output rows goes (`out_rows`): causal outputs are copied to their rows, a
@@ -43,8 +47,9 @@ from radix_core.cascade import concat_ranges
 BUCKETS_PER_OCTAVE = 8  # above 128, padding at most 1 / 8 of a length
 ALIGN = 16  # every bucket a multiple of 16: the CPU kernel runs 16 keys faster than 8 or 12, 64 than 56 or 60
 PREFIX_CHUNK = 64  # queries per prefix-block chunk: a block pads at most 63 query rows
-WHOLE_BLOCK = 1024  # a prefix block of at least this many queries on consecutive rows is read in place, not chunked
-WHOLE_CHUNK = 4096  # queries per call of such a block
+SOLO_BLOCK = 128  # a prefix block of at least this many queries runs on its own, not chunked
+SOLO_CHUNK = 4096  # queries per call of such a block
+EXACT_KEYS = ALIGN * BUCKETS_PER_OCTAVE  # a solo block of more keys reads them at their exact length, in place
 SHORT_PREFIX = ALIGN  # a prefix block of at most this many keys is absorbed into its descendants' causal blocks
 ABSORB_LIMIT = ALIGN  # the most keys a causal block takes in from its ancestors
 
@@ -60,7 +65,7 @@ class PaddedGroup:
     k_rows: torch.Tensor | slice  # (count * k_len,) rows of the key/value tensors, block after block
     key_mask: torch.Tensor | None  # (count, 1, 1, k_len) bool, False on padded keys; None when there are none
     out_rows: torch.Tensor | slice  # (count * q_len,) int64 output row of each query; causal padding: the scratch
-    # row; a slice for a prefix block on consecutive rows (`_whole_block`)
+    # row; a slice for a solo prefix block on consecutive rows (`_solo_block`)
     padding: torch.Tensor | None  # (count * q_len,) bool, True on padded queries; None when there are none
 
     def gather(self, t: torch.Tensor, rows: torch.Tensor | slice, length: int) -> torch.Tensor:
@@ -164,32 +169,32 @@ def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key
                   device: torch.device) -> list[PaddedGroup]:
     """Prefix blocks (queries `q_rows[cu[j]:cu[j+1]]` over keys `key_start[j]:key_end[j]`) in chunks of at most
     `PREFIX_CHUNK` queries, grouped by key bucket; a padded query repeats its chunk's last. A block of at least
-    `WHOLE_BLOCK` queries on consecutive rows is read in place (`_whole_block`)."""
+    `SOLO_BLOCK` queries runs on its own (`_solo_block`)."""
     q_rows, cu = q_rows.astype(np.int64), cu.astype(np.int64)
     q_lengths = np.diff(cu)  # (J,)
-    breaks = np.concatenate([[0], np.cumsum(np.diff(q_rows) != 1)])  # (P,) row jumps before each query
-    big = np.flatnonzero(q_lengths >= WHOLE_BLOCK)
-    whole = big[breaks[cu[big + 1] - 1] == breaks[cu[big]]]  # no jump inside the block
-    groups = [group for j in whole.tolist() for group in
-              _whole_block(int(q_rows[cu[j]]), int(q_lengths[j]), int(key_start[j]), int(key_end[j]), device)]
-    if whole.size:
-        rest = np.setdiff1d(np.arange(q_lengths.shape[0]), whole)
+    solo = np.flatnonzero(q_lengths >= SOLO_BLOCK)
+    groups = [group for j in solo.tolist() for group in
+              _solo_block(q_rows[cu[j]:cu[j + 1]], int(key_start[j]), int(key_end[j]), device)]
+    if solo.size:
+        rest = np.setdiff1d(np.arange(q_lengths.shape[0]), solo)
         q_rows = q_rows[concat_ranges(cu[:-1][rest], q_lengths[rest])]
         cu, key_start, key_end = np.concatenate([[0], np.cumsum(q_lengths[rest])]), key_start[rest], key_end[rest]
     return groups + _chunked_prefix(q_rows, cu, key_start, key_end, device)
 
 
-def _whole_block(first: int, queries: int, key_start: int, key_end: int, device: torch.device) -> list[PaddedGroup]:
-    """A prefix block on the consecutive query rows `first ..` as dense calls of at most `WHOLE_CHUNK` queries: each
-    reads its queries in place (a view, no copy) and the same keys, padded to their bucket."""
+def _solo_block(rows: np.ndarray, key_start: int, key_end: int, device: torch.device) -> list[PaddedGroup]:
+    """A prefix block whose queries are `rows` as dense calls of at most `SOLO_CHUNK` queries, none padded: each
+    reads its queries in place where they are consecutive (a view, no copy), else gathers them, and the same keys:
+    more than `EXACT_KEYS` in place at their length, fewer padded to their bucket."""
     k_len = key_end - key_start
-    k_pad = int(bucket_lengths(np.array([k_len]))[0])
+    k_pad = k_len if k_len > EXACT_KEYS else int(bucket_lengths(np.array([k_len]))[0])
     keys = _as_index(key_start + np.minimum(np.arange(k_pad), k_len - 1), device)
     mask = None if k_pad == k_len else _tensor((np.arange(k_pad) < k_len)[None, None, None], device)
     groups = []
-    for start in range(first, first + queries, WHOLE_CHUNK):
-        rows = slice(start, min(start + WHOLE_CHUNK, first + queries))
-        groups.append(PaddedGroup(1, rows.stop - start, k_pad, rows, keys, mask, rows, None))
+    for start in range(0, rows.shape[0], SOLO_CHUNK):
+        queries = _as_index(rows[start:start + SOLO_CHUNK], device)
+        count = min(SOLO_CHUNK, rows.shape[0] - start)
+        groups.append(PaddedGroup(1, count, k_pad, queries, keys, mask, queries, None))
     return groups
 
 

@@ -17,8 +17,9 @@ from radix_core.forward import plan_compact, plan_ragged, prefix_blocks
 from radix_core.padded_blocks import (
     ALIGN,
     BUCKETS_PER_OCTAVE,
-    WHOLE_BLOCK,
-    WHOLE_CHUNK,
+    EXACT_KEYS,
+    SOLO_BLOCK,
+    SOLO_CHUNK,
     bucket_lengths,
     padded_cascade,
     padded_prefix,
@@ -43,11 +44,12 @@ def test_a_thousand_blocks_make_one_call_per_bucket():
     assert sum(g.count for g in groups) == 1000
 
 
-@given(st.lists(st.tuples(st.integers(1, 200), st.integers(1, 90)), min_size=1, max_size=30), st.randoms())
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=30), st.randoms())
 @settings(max_examples=50, deadline=None)
 def test_prefix_chunks_send_every_query_to_its_row_once(blocks, rand):
     """Each group reads its queries from the rows it writes to; over the groups, the real (unpadded) queries are
-    exactly `q_rows`, each once; every key a group reads lies in its block's range, and padded keys are masked."""
+    exactly `q_rows`, each once; every key a group reads lies in its block's range, and padded keys are masked.
+    Blocks of up to 300 queries and keys: chunked ones and solo ones, keys padded and exact."""
     q_len = np.array([b[0] for b in blocks])
     k_len = np.array([b[1] for b in blocks])
     cu = np.concatenate([[0], np.cumsum(q_len)])
@@ -57,11 +59,11 @@ def test_prefix_chunks_send_every_query_to_its_row_once(blocks, rand):
     real = []
     for g in groups:
         read = g.gather(torch.arange(10 * int(cu[-1]))[:, None, None], g.q_rows, g.q_len).reshape(-1)
-        assert read.tolist() == g.out_rows.tolist()
+        assert read.tolist() == torch.arange(10 * int(cu[-1]))[g.out_rows].tolist()
         real += read[~g.padding].tolist() if g.padding is not None else read.tolist()
         keys = g.gather(torch.arange(1000)[:, None, None], g.k_rows, g.k_len)[:, 0, :, 0]  # (G, Lk)
         keys = keys if g.key_mask is None else keys.masked_fill(~g.key_mask[:, 0, 0], -1)
-        assert all(np.isin(row[row >= 0], key_start[:, None] + np.arange(90)).all() for row in keys.numpy())
+        assert all(np.isin(row[row >= 0], key_start[:, None] + np.arange(300)).all() for row in keys.numpy())
     assert sorted(real) == sorted(q_rows.tolist())
 
 
@@ -152,7 +154,7 @@ def test_a_comb_of_short_segments_is_absorbed_up_to_the_limit_and_the_rest_stays
 
 
 def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_queries_in_place():
-    """A prompt shared by 40 sequences of 30-60 tokens (more than `WHOLE_BLOCK` rows below it) and a cached
+    """A prompt shared by 40 sequences of 30-60 tokens (more than `SOLO_BLOCK` rows below it) and a cached
     template read by all of them: each is one dense call on a slice of the rows (no query copied, no chunks), merged
     in place, equal to one call per block; the short prefix blocks around it are still chunked."""
     rng = np.random.default_rng(3)
@@ -161,7 +163,7 @@ def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_querie
     meta, rows = _plan(sequences, "full")
     meta.past = prefix_blocks(np.arange(rows), np.array([0, 3, rows]), np.array([0, 0]), np.array([2, 50]),
                               torch.device("cpu"))
-    whole = [g for g in meta.padded.prefix + meta.past.padded if g.q_len >= WHOLE_BLOCK]
+    whole = [g for g in meta.padded.prefix + meta.past.padded if g.q_len >= SOLO_BLOCK]
     assert len(whole) == 2 and all(g.count == 1 and isinstance(g.q_rows, slice) and g.out_rows == g.q_rows
                                    for g in whole)
     assert [g.q_len for g in meta.past.padded if g not in whole] == [3]  # the 3-query block: a chunk
@@ -174,13 +176,13 @@ def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_querie
 
 
 def test_a_prefix_block_larger_than_a_call_is_cut_into_consecutive_calls_read_in_place():
-    """A template read by 3 * `WHOLE_CHUNK` + 5 consecutive query rows: one call per `WHOLE_CHUNK` queries, each a
+    """A template read by 3 * `SOLO_CHUNK` + 5 consecutive query rows: one call per `SOLO_CHUNK` queries, each a
     slice of the rows written in place, together every query once, with the same keys; equal to one call."""
-    queries, keys = 3 * WHOLE_CHUNK + 5, 50
+    queries, keys = 3 * SOLO_CHUNK + 5, 50
     groups = padded_prefix(np.arange(7, 7 + queries), np.array([0, queries]), np.array([2]), np.array([2 + keys]),
                            torch.device("cpu"))
     assert [(g.q_rows.start, g.q_rows.stop) for g in groups] == [
-        (7 + i * WHOLE_CHUNK, 7 + min((i + 1) * WHOLE_CHUNK, queries)) for i in range(4)]
+        (7 + i * SOLO_CHUNK, 7 + min((i + 1) * SOLO_CHUNK, queries)) for i in range(4)]
     assert all(g.count == 1 and g.out_rows == g.q_rows and g.padding is None and g.k_len == 64 for g in groups)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(7 + queries, 4, 16, generator=gen)
@@ -191,3 +193,26 @@ def test_a_prefix_block_larger_than_a_call_is_cut_into_consecutive_calls_read_in
     parts = TorchAttention()._prefix_parts(q, k, v, groups, 0.25)
     torch.testing.assert_close(torch.cat([o for o, _, _ in parts]), out[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat([s for _, s, _ in parts]), lse[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_a_cached_prompt_read_by_scattered_rows_is_one_unpadded_call_with_its_keys_in_place():
+    """A cached few-shot prompt of 1,037 keys read by 199 query rows that are not consecutive (the rows below it among
+    others): one call, its queries gathered once and none padded, its keys the prompt's rows in place at their exact
+    length, no mask (more than `EXACT_KEYS`); equal to one call per block. Padded chunks of 64 queries made four
+    calls, each copying the 1,152 keys of the prompt's bucket."""
+    queries, keys = 199, 1037
+    q_rows = np.sort(np.random.default_rng(6).choice(600, queries, replace=False))
+    (group,) = padded_prefix(q_rows, np.array([0, queries]), np.array([3]), np.array([3 + keys]), torch.device("cpu"))
+    assert queries >= SOLO_BLOCK and keys > EXACT_KEYS
+    assert (group.count, group.q_len, group.k_len, group.padding, group.key_mask) == (1, queries, keys, None, None)
+    assert group.k_rows == slice(3, 3 + keys) and group.q_rows.tolist() == q_rows.tolist()
+    assert group.out_rows is group.q_rows
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(600, 4, 16, generator=gen)
+    past_k, past_v = torch.randn(2, 1100, 2, 16, generator=gen)
+    blocks = prefix_blocks(q_rows, np.array([0, queries]), np.array([3]), np.array([3 + keys]), torch.device("cpu"))
+    ((out, lse, rows),) = TorchAttention().prefix_blocks(q, past_k, past_v, blocks, 0.25)
+    ((ref_out, ref_lse, ref_rows),) = _each_prefix(q, past_k, past_v, blocks, 0.25)
+    assert rows.tolist() == ref_rows.tolist()
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
