@@ -91,7 +91,8 @@ def check_tree(cache: PrefixCache) -> None:
             assert seg.kv.is_contiguous() and seg.kv.shape[2] == seg.size
         else:
             ghost += seg.size
-            assert seg not in cache._resident
+            assert seg not in cache._resident and not seg.read
+    assert cache._read_rows == sum(seg.size for seg in cache._resident if seg.read)
     assert stats.bytes == resident * ROW <= stats.budget_bytes
     assert stats.ghost_tokens == ghost <= cache.ghost_limit
     assert stats.segments == len(cache._resident)
@@ -189,6 +190,34 @@ def test_least_recently_used_segment_is_evicted_whole_and_comes_back_on_its_next
     assert (stats.evictions, stats.evicted_tokens, stats.bytes) == (1, 10, 20 * ROW)
     assert run(cache, [a + [5], c + [5]])[0] == [10, 10]
     assert run(cache, [b + [5]]) == ([0], [(0, 0, 10)])  # b was a ghost: seen again, admitted again
+
+
+def test_a_segment_read_back_outlives_one_off_admissions_newer_than_it():
+    """A prompt read back by a later batch is kept over segments never read back (the inputs of classify requests,
+    each shared by its labels in its own batch), newer though they are: least recently used first would evict it."""
+    cache = cache_of(100 * ROW)
+    prompt = [1] * 30
+    run(cache, [prompt + [0], prompt + [9]])
+    assert run(cache, [prompt + [3]])[0] == [30]  # read back
+    for i in range(4):  # 4 x 20 rows: the fourth needs room
+        run(cache, [[10 + i] * 20 + [0], [10 + i] * 20 + [9]])
+    assert cache.stats().evictions == 1 and run(cache, [prompt + [4]])[0] == [30]
+    assert run(cache, [[10] * 20])[0] == [0]  # the oldest one-off went instead
+
+
+def test_segments_evicted_unread_and_seen_again_shrink_the_rows_kept_for_those_read_back():
+    """A prompt that is no longer sent gives way: each segment evicted before it was read and then admitted again
+    lowers the rows kept for segments read back (80 of 100 at first), until the old prompt is least recently used
+    among all and goes."""
+    cache = cache_of(100 * ROW)
+    a, b, c, d = ([t] * n for t, n in ((1, 40), (2, 30), (3, 30), (4, 30)))
+    run(cache, [a + [0], a + [9]])
+    run(cache, [a + [5]])  # read back: kept first while the rows read back are within their share
+    for rows in (b, c, d):  # d evicts b, unread
+        run(cache, [rows + [0], rows + [9]])
+    assert run(cache, [b + [1], b + [2]])[1] == [(0, 0, 30)]  # b again: 80 -> 50 rows kept; c goes, unread
+    assert run(cache, [c + [1], c + [2]])[1] == [(0, 0, 30)]  # c again: 50 -> 20, below a's 40; a goes
+    assert sorted(int(np.frombuffer(seg.ids, np.int32)[0]) for seg in cache._resident) == [2, 3, 4]
 
 
 def test_a_parent_is_evicted_only_after_its_children():
