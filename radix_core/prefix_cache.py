@@ -43,21 +43,20 @@ order it left them, as one entry of the ghosts' recency order).
 them (evicting one may expose its parent); never one this lease uses. Segments read back by a later batch (`read`)
 are kept over those never read back while they hold at most a target number of rows, at first `PROTECTED_SHARE` of
 the budget: a few-shot prompt read by every request of its own is not pushed out by the inputs those requests admit
-(each shared by its labels in its own batch, never read again), newer though they are. The cache alone, fed one
-replica's share of the few-shot stream (prompts of 1,024 rows, 4 inputs of 20-60 tokens a request, each under 2
-labels; a budget of 14,563 rows; 3 seeds): holding 10 prompts, it missed a prompt it had held 12 times in 360
-requests least recently used first, never so; holding 11, 31 against 4 times in 396; holding 12, 42 against 25
-(`PROTECTED_SHARE` 0.8; 0.5: 9, 18, 33; 1.0: 0, 2, 19). The target adapts as in ARC (Megiddo and Modha, "ARC: A
-Self-Tuning, Low Overhead Replacement Cache", FAST 2003): an evicted segment seen again raises it by its rows if it
-had been read back, and lowers it if not, so prompts that are no longer sent give way to new ones that were evicted
-before their second request (8 prompts replaced by 8 new ones halfway through 200 requests: 9 misses in the second
-halves, against 2 least recently used first and 24 with the share fixed at 0.8). An evicted segment becomes a
-ghost, so the next sighting of its prefix admits it again. The bytes held, pending rows included, never pass the
-budget (a segment split copies its K/V once, briefly holding both); an admission that cannot be made room for is
-skipped. Recency is kept by two ordered dicts with every segment after its descendants (and after the `_Tails`
-entries of the ghost tails below it), so the eviction scan finds the least recently used segment without cached
-segments below it at or near the front (past the segments read back while they are kept), and a ghost is forgotten
-only once nothing hangs below it.
+(each shared by its labels in its own batch, never read again), newer though they are. `bench/cache_eviction.py`
+feeds the cache alone one replica's share of the few-shot stream (a budget of 14,563 rows, prompts of 1,024):
+holding 10 prompts it missed one it held 0 times in 360 requests against 12 least recently used first, holding 11
+prompts 4 against 31, holding 12, 25 against 42. The target adapts as in ARC (Megiddo and Modha, "ARC: A Self-
+Tuning, Low Overhead Replacement Cache", FAST 2003): an evicted segment seen again raises it by its rows if it had
+been read back, and lowers it if not, so prompts that are no longer sent give way to new ones that were evicted
+before their second request (8 prompts replaced by 8 new ones: 8 misses in 300 requests after the change, against 1
+least recently used first; 24 with the target fixed, in a scratch run; a first target of 0.5 kept too few prompts,
+18 misses holding 11, and 1.0 gave way slowest, 17). An evicted segment becomes a ghost, so the next sighting of
+its prefix admits it again. The bytes held, pending rows included, never pass the budget (a segment split copies
+its K/V once, briefly holding both); an admission that cannot be made room for is skipped. Recency is kept by two
+ordered dicts with every segment after its descendants (and after the `_Tails` entries of the ghost tails below
+it), so the eviction scan finds the least recently used segment without cached segments below it at or near the
+front (past the segments read back while they are kept), and a ghost is forgotten only once nothing hangs below it.
 
 **Hybrid models** (Gated DeltaNet layers, `RowShape.ends`): a segment also holds, at its end, each recurrent
 layer's state and convolution tail (`end`), counted against the budget with its rows. A sequence continues a cached
