@@ -298,6 +298,8 @@ class PrefixCache:
         self._ghosts: OrderedDict[_Segment | _Tails, None] = OrderedDict()  # the same order among ghosts
         self._tick = 0
         self._touched: set[_Segment] = set()
+        self._unread: OrderedDict[_Segment, None] = OrderedDict()  # the resident segments not read back, in the
+        # same order
         self._read_rows = 0  # rows of the resident segments read back
         self._protected_rows = PROTECTED_SHARE * (budget_bytes // shape.bytes)  # rows read back kept before others
 
@@ -314,6 +316,7 @@ class PrefixCache:
             self._stats = PrefixCacheStats(self.budget_bytes)
             self._roots.clear()
             self._resident.clear()
+            self._unread.clear()
             self._ghosts.clear()
             self._read_rows = 0
             self._protected_rows = PROTECTED_SHARE * (self.budget_bytes // self.shape.bytes)
@@ -494,16 +497,13 @@ class PrefixCache:
 
     def _victim(self) -> _Segment | None:
         """The least recently used segment this lease does not use and without cached segments below it: one never
-        read back while those read back hold at most `PROTECTED_SHARE` of the budget (module docstring)."""
-        protect = self._read_rows <= self._protected_rows
-        fallback = None
-        for segment in self._resident:
-            if segment.tick == self._tick or _holds_rows_below(segment):
-                continue
-            if not (protect and segment.read):
-                return segment
-            fallback = fallback or segment
-        return fallback
+        read back first while those read back hold at most the target's rows (module docstring)."""
+        orders = (self._unread, self._resident) if self._read_rows <= self._protected_rows else (self._resident,)
+        for order in orders:
+            victim = next((seg for seg in order if seg.tick != self._tick and not _holds_rows_below(seg)), None)
+            if victim is not None:
+                return victim
+        return None
 
     def _adapt(self, segment: _Segment) -> None:
         """A segment evicted earlier is seen again: had it been read, keep more rows read back; if not, fewer."""
@@ -515,10 +515,12 @@ class PrefixCache:
         if not segment.read:
             segment.read = True
             self._read_rows += segment.size
+            del self._unread[segment]
 
     def _evict(self, segment: _Segment) -> None:
         """A resident segment without cached segments below it becomes a ghost."""
         del self._resident[segment]
+        self._unread.pop(segment, None)
         segment.evicted_read = segment.read
         if segment.read:
             segment.read = False
@@ -547,6 +549,8 @@ class PrefixCache:
             segment.depth + at, upper
         if segment.state != PENDING:  # after the lower part, its descendant
             (self._resident if segment.state == RESIDENT else self._ghosts)[upper] = None
+            if segment.state == RESIDENT and not segment.read:
+                self._unread[upper] = None
         self._touch(upper)
         return upper
 
@@ -568,6 +572,7 @@ class PrefixCache:
         for segment, kv, states in filled:
             segment.kv, segment.states, segment.state = kv, states, RESIDENT
             self._resident[segment] = None
+            self._unread[segment] = None
             self._stats.inserted_tokens += segment.size
         for segment, end in ends.items():
             segment.end = end
@@ -595,6 +600,8 @@ class PrefixCache:
         for segment in sorted(self._touched, key=lambda seg: seg.depth, reverse=True):
             recency = self._resident if segment.state == RESIDENT else self._ghosts
             recency.move_to_end(segment)
+            if segment in self._unread:
+                self._unread.move_to_end(segment)
         self._touched.clear()
         if not lease.tails.tails:
             del self._ghosts[lease.tails]

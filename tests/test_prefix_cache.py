@@ -93,6 +93,7 @@ def check_tree(cache: PrefixCache) -> None:
             ghost += seg.size
             assert seg not in cache._resident and not seg.read
     assert cache._read_rows == sum(seg.size for seg in cache._resident if seg.read)
+    assert list(cache._unread) == [seg for seg in cache._resident if not seg.read]  # the same order
     assert stats.bytes == resident * ROW <= stats.budget_bytes
     assert stats.ghost_tokens == ghost <= cache.ghost_limit
     assert stats.segments == len(cache._resident)
