@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radix_core.cached_rows import RowShape
+from radix_core import prefix_cache
 from radix_core.cascade import concat_ranges
 from radix_core.prefix_cache import GHOST, MIN_LEAF_ROWS, PENDING, RESIDENT, PrefixCache, _Segment, cache_budget
 
@@ -219,6 +220,23 @@ def test_segments_evicted_unread_and_seen_again_shrink_the_rows_kept_for_those_r
     assert run(cache, [b + [1], b + [2]])[1] == [(0, 0, 30)]  # b again: 80 -> 50 rows kept; c goes, unread
     assert run(cache, [c + [1], c + [2]])[1] == [(0, 0, 30)]  # c again: 50 -> 20, below a's 40; a goes
     assert sorted(int(np.frombuffer(seg.ids, np.int32)[0]) for seg in cache._resident) == [2, 3, 4]
+
+
+def test_finding_a_victim_starts_at_the_segments_never_read_back(monkeypatch):
+    """200 prompts read back, then one-off admissions that evict one another: each eviction checks the least
+    recently used segment never read back, not every segment read back before it (a 1,000-document rerank sent as 7
+    requests spent 1.9 s in 1.3 M such checks)."""
+    cache = cache_of(1000 * ROW)
+    for t in range(200):  # 200 x 4 rows read back: 800, the target's rows
+        run(cache, [[t + 10] * 4 + [0], [t + 10] * 4 + [9]])
+        run(cache, [[t + 10] * 4 + [5]])
+    checked = []
+    holds = prefix_cache._holds_rows_below
+    monkeypatch.setattr(prefix_cache, "_holds_rows_below", lambda segment: checked.append(segment) or holds(segment))
+    for i in range(20):  # 60 rows each: from the fourth on, each evicts the oldest
+        run(cache, [[1000 + i] * 60 + [0], [1000 + i] * 60 + [9]])
+    assert cache.stats().evictions == 17 and len(checked) == 17
+    assert cache._read_rows == 800
 
 
 def test_a_parent_is_evicted_only_after_its_children():
