@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from radix_core.cached_rows import RowShape
 from radix_core import prefix_cache
+from radix_core.cached_rows import RowShape
 from radix_core.cascade import concat_ranges
 from radix_core.prefix_cache import GHOST, MIN_LEAF_ROWS, PENDING, RESIDENT, PrefixCache, _Segment, cache_budget
 
