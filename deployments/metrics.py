@@ -35,7 +35,7 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
       radixserve_prefix_cache_hit_tokens_total               tokens read from the replica's prefix cache
       radixserve_prefix_cache_lookup_tokens_total            tokens looked up in it (every batch's): hits over
                                                              lookups is the hit ratio
-      radixserve_prefix_cache_evictions_total                cached segments evicted to make room (LRU)
+      radixserve_prefix_cache_evictions_total                cached segments evicted to make room
       radixserve_prefix_cache_bytes, _budget_bytes           gauges: K/V held now, and the budget
 
 `api` is the face a request came in by: `grpc` (radixserve.v1), `tei_grpc` (tei.v1), and `http_<dialect>` for
@@ -227,7 +227,8 @@ class EngineMetrics:
                                      "Tokens looked up in the prefix cache (every token of every batch); hits over "
                                      "lookups is the hit ratio.")
         self.cache_evictions = Counter("radixserve_prefix_cache_evictions",
-                                       "Prefix cache segments evicted, least recently used first, to make room.")
+                                       "Prefix cache segments evicted to make room (least recently used first, "
+                                       "those never read back before those read back).")
         self.cache_bytes = Gauge("radixserve_prefix_cache_bytes", "Bytes of K/V the prefix cache holds now.")
         self.cache_budget = Gauge("radixserve_prefix_cache_budget_bytes",
                                   "The prefix cache's budget in bytes (engine.prefix_cache_bytes, resolved).")
