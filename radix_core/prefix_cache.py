@@ -53,10 +53,11 @@ before their second request (8 prompts replaced by 8 new ones: 8 misses in 300 r
 least recently used first; 24 with the target fixed, in a scratch run; a first target of 0.5 kept too few prompts,
 18 misses holding 11, and 1.0 gave way slowest, 17). An evicted segment becomes a ghost, so the next sighting of
 its prefix admits it again. The bytes held, pending rows included, never pass the budget (a segment split copies
-its K/V once, briefly holding both); an admission that cannot be made room for is skipped. Recency is kept by two
-ordered dicts with every segment after its descendants (and after the `_Tails` entries of the ghost tails below
-it), so the eviction scan finds the least recently used segment without cached segments below it at or near the
-front (past the segments read back while they are kept), and a ghost is forgotten only once nothing hangs below it.
+its K/V once, briefly holding both); an admission that cannot be made room for is skipped. Recency is kept by
+ordered dicts (the resident segments, those of them never read back, the ghosts) with every segment after its
+descendants (and after the `_Tails` entries of the ghost tails below it), so the eviction scan finds the least
+recently used segment without cached segments below it at or near the front of the resident or the never read back,
+and a ghost is forgotten only once nothing hangs below it.
 
 **Hybrid models** (Gated DeltaNet layers, `RowShape.ends`): a segment also holds, at its end, each recurrent
 layer's state and convolution tail (`end`), counted against the budget with its rows. A sequence continues a cached
