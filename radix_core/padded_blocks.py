@@ -193,8 +193,8 @@ def _solo_block(rows: np.ndarray, key_start: int, key_end: int, device: torch.de
     groups = []
     for start in range(0, rows.shape[0], SOLO_CHUNK):
         queries = _as_index(rows[start:start + SOLO_CHUNK], device)
-        count = min(SOLO_CHUNK, rows.shape[0] - start)
-        groups.append(PaddedGroup(1, count, k_pad, queries, keys, mask, queries, None))
+        q_len = min(SOLO_CHUNK, rows.shape[0] - start)
+        groups.append(PaddedGroup(1, q_len, k_pad, queries, keys, mask, queries, None))
     return groups
 
 
