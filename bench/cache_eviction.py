@@ -25,7 +25,7 @@ import torch
 from machine import machine
 
 from radix_core.cached_rows import RowShape
-from radix_core.prefix_cache import DEFAULT_CPU_BYTES, PROTECTED_SHARE, PrefixCache, _holds_rows_below
+from radix_core.prefix_cache import DEFAULT_CPU_BYTES, PROTECTED_SHARE, PrefixCache
 
 BENCH_ROW = RowShape(layers=8, kv_heads=4, head_dim=64, hidden=512, dtype=torch.float32, device=torch.device("cpu"))
 ROW = RowShape(layers=1, kv_heads=1, head_dim=1, hidden=1, dtype=torch.float32, device=torch.device("cpu"))
@@ -38,8 +38,7 @@ class LeastRecentlyUsed(PrefixCache):
     """The shipped cache, its victim the least recently used segment whether read back or not."""
 
     def _victim(self):
-        return next((segment for segment in self._resident
-                     if segment.tick != self._tick and not _holds_rows_below(segment)), None)
+        return self._first_evictable(self._resident)
 
 
 def request(rng: np.random.Generator, prompt: np.ndarray) -> list[np.ndarray]:

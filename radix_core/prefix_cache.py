@@ -302,11 +302,16 @@ class PrefixCache:
         self._unread: OrderedDict[_Segment, None] = OrderedDict()  # the resident segments not read back, in the
         # same order
         self._read_rows = 0  # rows of the resident segments read back
-        self._protected_rows = PROTECTED_SHARE * (budget_bytes // shape.bytes)  # rows read back kept before others
+        self._protected_rows = PROTECTED_SHARE * self.budget_rows  # rows read back kept before others
 
     @property
     def budget_bytes(self) -> int:
         return self._stats.budget_bytes
+
+    @property
+    def budget_rows(self) -> int:
+        """The rows the budget holds."""
+        return self.budget_bytes // self.shape.bytes
 
     def stats(self) -> PrefixCacheStats:
         return replace(self._stats, segments=len(self._resident))
@@ -320,7 +325,7 @@ class PrefixCache:
             self._unread.clear()
             self._ghosts.clear()
             self._read_rows = 0
-            self._protected_rows = PROTECTED_SHARE * (self.budget_bytes // self.shape.bytes)
+            self._protected_rows = PROTECTED_SHARE * self.budget_rows
 
     @contextmanager
     def lease(self, input_ids: np.ndarray, cu_seqlens: np.ndarray,
@@ -499,17 +504,18 @@ class PrefixCache:
     def _victim(self) -> _Segment | None:
         """The least recently used segment this lease does not use and without cached segments below it: one never
         read back first while those read back hold at most the target's rows (module docstring)."""
-        orders = (self._unread, self._resident) if self._read_rows <= self._protected_rows else (self._resident,)
-        for order in orders:
-            victim = next((seg for seg in order if seg.tick != self._tick and not _holds_rows_below(seg)), None)
-            if victim is not None:
-                return victim
-        return None
+        if self._read_rows <= self._protected_rows:
+            return self._first_evictable(self._unread) or self._first_evictable(self._resident)
+        return self._first_evictable(self._resident)
+
+    def _first_evictable(self, order: OrderedDict[_Segment, None]) -> _Segment | None:
+        """The first segment of `order` this lease does not use and without cached segments below it."""
+        return next((seg for seg in order if seg.tick != self._tick and not _holds_rows_below(seg)), None)
 
     def _adapt(self, segment: _Segment) -> None:
         """A segment evicted earlier is seen again: had it been read, keep more rows read back; if not, fewer."""
         step = segment.size if segment.evicted_read else -segment.size
-        self._protected_rows = min(max(self._protected_rows + step, 0), self.budget_bytes // self.shape.bytes)
+        self._protected_rows = min(max(self._protected_rows + step, 0), self.budget_rows)
         segment.evicted_read = None
 
     def _mark_read(self, segment: _Segment) -> None:
