@@ -41,7 +41,9 @@ prompt a replica had already cached for an earlier answer, yet that did not read
 their cache's bytes and budget and their batchers' means (`EngineReplica.info`; each call reaches one replica).
 `engine CPU s/request` is the CPU time the engine replicas' processes used over the stream, per request: unlike
 throughput, it hardly moves when other people's work shares the machine, so it is the measure of what the cache
-costs where nothing is reused.
+costs where nothing is reused. `busier replica's CPU share` is the larger of the two replicas' CPU seconds over
+their sum (the mean of the runs'): 0.5 is an even split; with clients that wait for each answer, the busier
+replica sets the pace while the other idles.
 
     python bench/prefix_cache_bench.py [--clients 8] [--few-shot-requests 192] [--no-reuse-requests 64]
 """
@@ -98,7 +100,7 @@ class Run:
     answers: list[Answer]
     samples: list[tuple[float, str, dict]] = field(default_factory=list)  # (time, replica, cache and batcher)
     load: float = 0.0  # the machine's 1-minute load average when the run ended (other people's work included)
-    engine_cpu_s: float = 0.0  # CPU seconds the engine replicas' processes used during the stream
+    replica_cpu_s: list[float] = field(default_factory=list)  # CPU seconds each engine replica used in the stream
 
 
 def classify(prompt: str, inputs: list[str], which: int | None = None) -> tuple[str, dict, int | None]:
@@ -181,7 +183,8 @@ def run_config(args: dict, requests: list[tuple], warm: list[tuple], clients: in
         seconds = time.perf_counter() - start
         stop.set()
         sampler.join()
-        cpu = sum(replicas_cpu_s(engine).values()) - sum(cpu_before.values())
+        cpu_after = replicas_cpu_s(engine)
+        cpu = [cpu_after[replica] - cpu_before[replica] for replica in sorted(cpu_before)]
     check(outcomes, len(requests), label)
     serve.delete("radixserve")
     for answer in answers:
@@ -227,7 +230,8 @@ def summary(run: Run) -> dict:
            "p50 s": float(np.percentile(latencies, 50)), "p99 s": float(np.percentile(latencies, 99)),
            "N'/N": sum(a.computed_tokens for a in answers) / inputs,
            "cached share": sum(a.cached_tokens for a in answers) / inputs,
-           "engine CPU s/request": run.engine_cpu_s / len(answers), "load": run.load}
+           "engine CPU s/request": sum(run.replica_cpu_s) / len(answers),
+           "busier replica's CPU share": max(run.replica_cpu_s) / sum(run.replica_cpu_s), "load": run.load}
     if answers and answers[0].prompt is not None:
         row["misses after a hit"] = misses_after_a_hit(answers)
     last = {replica: stats for _, replica, stats in run.samples}  # each replica's latest sample
@@ -314,8 +318,9 @@ def merged(runs: list[Run]) -> dict:
         return rows[0]
     answers = [a for run in runs for a in run.answers]
     row = summary(Run(sum(run.seconds for run in runs), answers, load=max(run.load for run in runs),
-                      engine_cpu_s=sum(run.engine_cpu_s for run in runs)))
+                      replica_cpu_s=[sum(sum(run.replica_cpu_s) for run in runs)]))
     for key, combine in (("misses after a hit", sum), ("evictions", sum), ("MiB held (max)", max),
+                         ("busier replica's CPU share", np.mean),
                          ("requests/s, 2nd half", np.mean), ("parts per batch", np.mean),
                          ("forward s per batch", np.mean)):  # each run's own (times count from each run's start)
         if key in rows[0]:
@@ -342,7 +347,7 @@ def write_report(runs: dict, args, load: dict) -> None:
     rows = {key: merged(value) for key, value in runs.items()}
     columns = ("requests", "requests/s", "requests/s, 2nd half", "items/s", "p50 s", "p99 s", "N'/N", "cached share",
                "misses after a hit", "evictions", "parts per batch", "forward s per batch", "engine CPU s/request",
-               "load")
+               "busier replica's CPU share", "load")
     lines = ["| workload | configuration | " + " | ".join(columns) + " | vs default router | vs no cache |",
              "|" + "---|" * (len(columns) + 4)]
     for (workload, label), r in rows.items():

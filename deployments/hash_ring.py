@@ -90,13 +90,15 @@ class HashRing:
         return order
 
     def rank(self, key: str, loads: Mapping[str, float], load_factor: float = DEFAULT_LOAD_FACTOR,
-             weight: float = 1.0, min_load: float = 0.0, owner_slack: float = 0.0) -> list[str]:
+             weight: float = 1.0, min_load: float = 0.0, owner_slack: float = 0.0,
+             owner: str | None = None) -> list[str]:
         """Members in preference order for a request of `weight` with this key.
 
-        Ring order from the key's point, except that a member whose load is above its bounded fair share,
-        `max(load_factor * (total_load + weight) / n, min_load)` (plus `owner_slack` for the key's owner, the
-        first in ring order), moves to the end; those come last, least loaded first, ring order breaking ties.
-        Members missing from `loads` count as idle.
+        Ring order from the key's point, `owner` first when given (a member the key was moved to; by default the
+        key's owner is the first in ring order), except that a member whose load is above its bounded fair share,
+        `max(load_factor * (total_load + weight) / n, min_load)` (plus `owner_slack` for the key's owner), moves
+        to the end; those come last, least loaded first, ring order breaking ties. Members missing from `loads`
+        count as idle.
         """
         if load_factor < 1.0:
             raise ValueError(f"load_factor must be >= 1 (1 = perfectly even, 1.25 = 25% over the mean), "
@@ -104,6 +106,9 @@ class HashRing:
         order = self.walk(key)
         if not order:
             return []
+        if owner in order:
+            order.remove(owner)
+            order.insert(0, owner)
         load = [float(loads.get(m, 0.0)) for m in order]
         capacity = max(load_factor * (sum(load) + weight) / len(order), min_load)
         bound = [capacity + owner_slack] + [capacity] * (len(order) - 1)

@@ -19,8 +19,9 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
     router, in the ingress replica (RouterMetrics)
       radixserve_router_keys{engine_replica}                 distinct prefix keys among the last KEY_WINDOW
                                                              keyed requests, by the replica they went to
-      radixserve_router_spills_total                         keyed requests not sent to their key's first
-                                                             replica on the ring (bounded load, or it was full)
+      radixserve_router_spills_total                         keyed requests not sent to their key's home
+                                                             replica (bounded load, or it was full)
+      radixserve_router_key_moves_total                      keys moved to even out the replicas' work
     engine replica (EngineMetrics)
       radixserve_batches_total{mode}                         batches run, by the radix mode chosen (off/mlp/full)
       radixserve_batch_compression{mode}                     histogram of N'/N: rows computed over tokens (1 off)
@@ -308,14 +309,21 @@ class RouterMetrics:
                           f"Distinct prefix keys among the last {window} keyed requests, by the engine replica "
                           "they were routed to.", tag_keys=("engine_replica",))
         self.spills = Counter("radixserve_router_spills",
-                              "Keyed requests not routed to their key's first replica on the ring.")
+                              "Keyed requests not routed to their key's home replica (its first on the ring until "
+                              "it moves).")
+        self.moves = Counter("radixserve_router_key_moves",
+                             "Prefix keys moved to the engine replica with the least recent work, to even out the "
+                             "replicas' work (with a prefix cache); each move computes the key's prefix again there.")
 
     def routed(self, key: str, replica: str, first: str) -> None:
-        """A request with `key` went to `replica`; `first` is the key's owner on the ring."""
+        """A request with `key` went to `replica`; `first` is the key's home."""
         if replica != first:
             self.spills.inc()
         for changed in self.window.route(key, replica):
             self.keys.set(self.window.counts[changed], tags={"engine_replica": changed})
+
+    def key_moved(self) -> None:
+        self.moves.inc()
 
     def replica_left(self, replica: str) -> None:
         self.window.forget(replica)

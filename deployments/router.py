@@ -25,7 +25,9 @@ Without a cache the owner computes the prefix again in each batch, so every requ
 spill off the owner costs that prefix again, so with a cache the owner takes a request until its load passes the
 bound by more than the request's `prefix_cost` (`HashRing.rank`'s `owner_slack`): a few-shot prompt of 1,024 rows
 stays with the replica that holds it unless the imbalance is larger than the prompt, while an 8-document rerank's
-prefix of ~60 rows spills as the plain bound says.
+prefix of ~60 rows spills as the plain bound says. So that few hot keys do not leave one replica with more of them
+than the other, with a prefix cache the key's first replica is its home in `KeyHomes` (`deployments.key_homes`):
+its ring owner at first, moved to the replica with the least recent work when that evens the replicas' work out.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
 that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
@@ -49,6 +51,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from deployments.engine_request import EngineRequest
 from deployments.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VIRTUAL_NODES, HashRing
+from deployments.key_homes import KeyHomes
 from deployments.metrics import RouterMetrics
 
 if TYPE_CHECKING:
@@ -86,6 +89,7 @@ class PrefixAffinityRouter(RequestRouter):
         self._min_load_tokens = 0.0
         self._prefix_cache = False
         self._loads: dict[str, float] = {}  # replica unique_id -> outstanding tokens
+        self._homes = KeyHomes()  # read only with a prefix cache
         self.metrics = RouterMetrics()
 
     def initialize_state(self, load_factor: float = DEFAULT_LOAD_FACTOR,
@@ -131,7 +135,8 @@ class PrefixAffinityRouter(RequestRouter):
         key = request_key(pending_request.args)
         if key is not None:
             order = self._ring.rank(key, self._loads, self._load_factor, request_weight(pending_request.args),
-                                    self._min_load_tokens, self._owner_slack(pending_request.args))
+                                    self._min_load_tokens, self._owner_slack(pending_request.args),
+                                    self._place(key))
         else:
             order = self._ring.least_loaded(pending_request.metadata.internal_request_id, self._loads)
         ranked = [by_id[i] for i in order if i in by_id]
@@ -140,6 +145,22 @@ class PrefixAffinityRouter(RequestRouter):
         open_ids = {r.replica_id for r in self.select_available_replicas(ranked)}
         ranked.sort(key=lambda r: r.replica_id not in open_ids)  # stable: full replicas last, order kept
         return [[r] for r in ranked]
+
+    def _place(self, key: str) -> str | None:
+        """With a prefix cache, the key's home (moved now if that evens out the replicas' work); else None (its ring
+        owner)."""
+        order = self._ring.walk(key)
+        if not self._prefix_cache or not order:
+            return None
+        home, moved = self._homes.home(key, order)
+        if moved:
+            self.metrics.key_moved()
+        return home
+
+    def _owner(self, key: str) -> str | None:
+        """Where the key's prefix lives: its home with a prefix cache, else its ring owner (None on an empty ring)."""
+        home = self._homes.current(key) if self._prefix_cache else None
+        return home if home in self._ring.members else next(iter(self._ring.walk(key)), None)
 
     def _owner_slack(self, args: Sequence[Any]) -> float:
         """How far past its bounded share a key's owner still takes the request: with a prefix cache, the prefix rows
@@ -177,12 +198,14 @@ class PrefixAffinityRouter(RequestRouter):
         (600 fast calls left 18 counted). A done callback added to a finished call runs at once; a rejected attempt
         is never counted, so it has nothing to release."""
         key = request_key(pending_request.args)
-        owners = self._ring.walk(key)[:1] if key is not None else []
-        if owners:
-            self.metrics.routed(key, replica_id.unique_id, owners[0])
-        tokens = request_weight(pending_request.args, self._prefix_cache and owners == [replica_id.unique_id])
         replica = replica_id.unique_id
+        owner = self._owner(key) if key is not None else None
+        if owner is not None:
+            self.metrics.routed(key, replica, owner)
+        tokens = request_weight(pending_request.args, self._prefix_cache and owner == replica)
         self._loads[replica] = self._loads.get(replica, 0.0) + tokens
+        if self._prefix_cache:
+            self._homes.routed(key, replica, tokens)
         loop = asyncio.get_running_loop()  # the router's: the callback comes on a Ray or gRPC thread
         result.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, replica, tokens))
 
@@ -204,5 +227,7 @@ class PrefixAffinityRouter(RequestRouter):
             self._ring.set_members(current)
         for replica in [r for r in self._loads if r not in current]:
             del self._loads[replica]
+        for replica in self._homes.replicas - current:
+            self._homes.forget(replica)
         for replica in [r for r in self.metrics.window.counts if r not in current]:
             self.metrics.replica_left(replica)

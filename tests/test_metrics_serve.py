@@ -8,8 +8,8 @@ tasks over radixserve.v1 and tei.v1, bad input, a missing key), then the scrape:
   what the answers read from it, within the tokens looked up; evictions, bytes held within the budget, the budget;
 * the compression histogram, the batch counter and each stage histogram have one observation per batch the
   engine replicas ran (their own count, from `info`);
-* requests split into parts of one prefix key over two engine replicas with `load_factor: 1` spill, and killed
-  IndexBuilders are counted as restarts;
+* requests split into parts of one prefix key over two engine replicas with `load_factor: 1` spill, a key whose
+  ring owner did far more recent work than the other replica moves, and killed IndexBuilders are counted as restarts;
 * every metric the Grafana dashboard (k8s/monitoring/) queries is among those exported;
 * a client's `x-request-id` comes back in the trailing metadata and names the call in the ingress's and the
   engine replica's log lines (its batch's DEBUG line), so one request can be followed from ingress to batch.
@@ -225,6 +225,14 @@ def test_exported_metrics_match_the_traffic(served):
         sent[("rerank", "grpc", "OK")] += 1
         usages.append((reply.usage.input_tokens, reply.usage.computed_tokens, reply.usage.cached_tokens))
 
+    # one key's large requests one after another (never two outstanding: no spill), so that its home replica did far
+    # more recent work than the other; then 12 small keys twice each: any of them whose ring owner is that replica
+    # (all 12 on the other: 1 in 4,096) moves to the other on its second request
+    for query, documents in [("steady query", DOCS * 8)] * 24 + [(f"small key {i % 12}", DOCS[:2]) for i in range(24)]:
+        reply = scoring.Rerank(pb.RerankRequest(query=query, documents=documents), timeout=60, metadata=AUTH)
+        sent[("rerank", "grpc", "OK")] += 1
+        usages.append((reply.usage.input_tokens, reply.usage.computed_tokens, reply.usage.cached_tokens))
+
     batches = engine_batches()
     deadline = time.monotonic() + 60
     # the agent exports every second: wait until the last request and batch are in, and a killed builder was
@@ -260,6 +268,7 @@ def test_exported_metrics_match_the_traffic(served):
     assert total(families, "ray_radixserve_queue_tokens") == 0
     assert total(families, "ray_radixserve_router_keys") >= 1
     assert total(families, "ray_radixserve_router_spills_total") >= 1
+    assert total(families, "ray_radixserve_router_key_moves_total") >= 1
     assert total(families, "ray_radixserve_index_builder_restarts_total") >= 1
 
     missing = dashboard_metrics() - exported_names(families)

@@ -151,6 +151,38 @@ def test_with_a_prefix_cache_a_keys_owner_passes_the_bound_by_the_prefix_a_spill
     asyncio.run(main())
 
 
+def test_with_a_prefix_cache_keys_move_off_the_replica_that_owns_more_of_them():
+    """Three few-shot prompts owned by rep0 on the ring and one by rep1, asked in turn by clients that wait for each
+    answer: no work piles up, so bounded loads never spill, and rep0 would do 3/4 of the work. With a prefix cache
+    one prompt moves to rep1 (its requests are then counted there without their prefix) and stays; without a cache
+    every replica computes the prompt anyway, and keys stay on their ring owners."""
+    async def main():
+        ring = HashRing(["rep0", "rep1"], virtual_nodes=VNODES)
+        by_owner = {r: [f"prompt-{i}" for i in range(40) if ring.walk(f"prompt-{i}")[0] == r] for r in ring.members}
+        keys = by_owner["rep0"][:3] + by_owner["rep1"][:1]
+        for prefix_cache in (True, False):
+            router = make_router([FakeReplica("rep0"), FakeReplica("rep1")], prefix_cache=prefix_cache)
+            firsts = Counter()
+            for i in range(400):
+                key = keys[i % 4]
+                first = (await ranked_ids(router, pending(key, 1200, f"q{i}", 1000)))[0]
+                firsts[key, first] += 1
+                call = CallResult()
+                router.on_request_routed(pending(key, 1200, f"q{i}", 1000), ReplicaID(first, DEPLOYMENT), call)
+                call.finish()
+                await asyncio.sleep(0)
+            homes = {key: first for (key, first), n in firsts.items() if n > 50}
+            owners = {key: ring.walk(key)[0] for key in keys}
+            if prefix_cache:
+                assert Counter(homes.values()) == {"rep0": 2, "rep1": 2}, firsts
+                assert sum(n for (key, first), n in firsts.items() if first != owners[key]) > 300 / 4, firsts
+            else:
+                assert homes == owners and len(firsts) == 4, firsts
+            assert router.loads == {}
+
+    asyncio.run(main())
+
+
 def test_keyless_requests_go_least_loaded():
     async def main():
         router = make_router([FakeReplica(f"rep{i}") for i in range(3)])
