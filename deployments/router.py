@@ -16,18 +16,19 @@ The router reads its `prefix_key` and weighs it by its `cost` (the work the devi
 key is ranked least-loaded first; a call without an `EngineRequest` weighs one token.
 
 **Keys stay where their K/V live.** With `prefix_cache` (the engine replicas keep a prefix cache,
-`radix_core.prefix_cache`), a key's owner on the ring holds the key's shared prefix from the key's first request on,
-so a request there computes only its own rows: its load on the owner is its `cost` less its `prefix_cost`, on any
-other replica its whole `cost`. Loads are then what the devices compute, and the owner of a hot key takes its
-requests until its real outstanding work passes the bound; counting the prefix on the owner too made it look fuller
-than it was and spilled requests to a replica that computes the prefix again (bench/results/prefix_cache_bench.md).
-Without a cache the owner computes the prefix again in each batch, so every request counts its whole cost. And a
-spill off the owner costs that prefix again, so with a cache the owner takes a request until its load passes the
-bound by more than the request's `prefix_cost` (`HashRing.rank`'s `owner_slack`): a few-shot prompt of 1,024 rows
-stays with the replica that holds it unless the imbalance is larger than the prompt, while an 8-document rerank's
-prefix of ~60 rows spills as the plain bound says. So that few hot keys do not leave one replica with more of them
-than the other, with a prefix cache the key's first replica is its home in `KeyHomes` (`deployments.key_homes`):
-its ring owner at first, moved to the replica with the least recent work when that evens the replicas' work out.
+`radix_core.prefix_cache`), a key's owner (its home, below) holds the key's shared prefix from the key's first
+request there on, so a request there computes only its own rows: its load on the owner is its `cost` less its
+`prefix_cost`, on any other replica its whole `cost`. Loads are then what the devices compute, and the owner of a
+hot key takes its requests until its real outstanding work passes the bound; counting the prefix on the owner too
+made it look fuller than it was and spilled requests to a replica that computes the prefix again
+(bench/results/prefix_cache_bench.md). Without a cache the owner computes the prefix again in each batch, so every
+request counts its whole cost. And a spill off the owner costs that prefix again, so with a cache the owner takes a
+request until its load passes the bound by more than the request's `prefix_cost` (`HashRing.rank`'s `owner_slack`):
+a few-shot prompt of 1,024 rows stays with the replica that holds it unless the imbalance is larger than the prompt,
+while an 8-document rerank's prefix of ~60 rows spills as the plain bound says. So that a few hot keys do not leave
+one replica with more of them than the other, with a prefix cache the key's owner is its home in `KeyHomes`
+(`deployments.key_homes`): its ring owner at first, moved to the replica with the least recent work when that evens
+the replicas' work out; without a cache every key stays on its ring owner.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
 that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
@@ -37,7 +38,7 @@ router deliberately leaves out Ray's `FIFOMixin`: with it, a replica chosen for 
 to an older request of another key.
 
 `RouterMetrics` exports, from the ingress replica the router lives in, the distinct keys each engine replica got
-recently and the keyed requests that spilled off their key's first replica.
+recently, the keyed requests that spilled off their key's owner, and the keys moved.
 """
 
 from __future__ import annotations
