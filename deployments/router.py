@@ -150,8 +150,8 @@ class PrefixAffinityRouter(RequestRouter):
     def _place(self, key: str) -> str | None:
         """With a prefix cache, the key's home (moved now if that evens out the replicas' work); else None (its ring
         owner)."""
-        order = self._ring.walk(key)
-        if not self._prefix_cache or not order:
+        order = self._ring.walk(key) if self._prefix_cache else []
+        if not order:
             return None
         home, moved = self._homes.home(key, order)
         if moved:
