@@ -1,22 +1,22 @@
 """`KeyHomes`: the engine replica each prefix key lives on, moved between replicas to even out their work.
 
-With a prefix cache on the engine replicas a key's prefix is computed where the key goes and read back there
-after, so a key should stay put. The ring (`deployments.hash_ring`) places keys by their hash, and bounded loads
-spill a request only when its owner's outstanding work passes the bound by more than the prefix a spill computes
-again. A few hot keys are then split as unevenly as coin tosses (16 few-shot prompts over 2 replicas: 10 to 6 or
-worse in 45% of splits), and clients that wait for each answer before sending the next never pile up enough work
-to spill: the replica with more keys runs flat out while the other idles (`bench/prefix_cache_bench.py`'s few-shot
-stream, 3 runs: the busier replica used 0.72, 0.57 and 0.61 of the two replicas' CPU; with `KeyHomes` 0.55, 0.56
-and 0.54).
+With a prefix cache on the engine replicas a key's prefix is computed where the key goes and read back there after,
+so a key should stay put. The ring (`deployments.hash_ring`) places keys by their hash, and bounded loads spill a
+request only when its owner's outstanding work passes the bound by more than the prefix a spill computes again. A
+few hot keys are then split as unevenly as coin tosses (16 few-shot prompts over 2 replicas: 10 to 6 or worse in 45%
+of splits), and clients that wait for each answer before sending the next never pile up enough work to spill: the
+replica with more keys sets the pace while the other's device idles (`bench/prefix_cache_bench.py`'s few-shot
+stream, 3 runs: the busier replica used 0.72, 0.57 and 0.61 of the two replicas' CPU; with `KeyHomes` 0.55, 0.56 and
+0.54; on the 2 CPUs those replicas shared, the throughput moved with the machine more than with the split).
 
 `KeyHomes` keeps, per key, its home (the ring owner until it moves) and the work its requests brought there
 recently, and per replica the work routed to it recently, both decayed with a half-life of `HALF_LIFE` routed
-requests. A key moves from its home to the replica with the least recent work when that replica, the key's work added,
-stays below its home by a margin: `least + key < home - MARGIN * mean`. Such a move lowers the sum of the
+requests. A key moves from its home to the replica with the least recent work when that replica, the key's work
+added, stays below its home by a margin: `least + key < home - MARGIN * mean`. Such a move lowers the sum of the
 replicas' squared work (by `2 * key * (home - least - key)`), so keys settle rather than swing; each costs the key's
-prefix once on its new home. A key
-seen for the first time goes to its ring owner, so the routers of several ingress replicas agree on it until one of
-them moves it (each moves keys on its own view; a key two of them placed apart is cached on both).
+prefix once on its new home. A key seen for the first time goes to its ring owner, so the routers of several ingress
+replicas agree on it until one of them moves it (each moves keys on its own view; a key two of them placed apart is
+cached on both).
 
 Pure logic, no Ray: `deployments.router` asks it for a key's home and tells it where each request went.
 """
