@@ -46,6 +46,9 @@ class _Decayed:
             self.stamp = clock
         return self.value
 
+    def add(self, work: float, clock: int, half_life: int) -> None:
+        self.value = self.at(clock, half_life) + work
+
 
 @dataclass(slots=True)
 class _Key:
@@ -70,7 +73,7 @@ class KeyHomes:
         that evens them out; a new key's home, or one whose home left, is its ring owner `ring_order[0]`."""
         entry = self._keys.get(key)
         if entry is None:
-            entry = self._keys[key] = _Key(ring_order[0], _Decayed(stamp=self._clock))
+            entry = self._keys[key] = _Key(ring_order[0], _Decayed())
             if len(self._keys) > self.max_keys:
                 self._keys.popitem(last=False)
         elif entry.home not in ring_order:
@@ -82,7 +85,7 @@ class KeyHomes:
         mean = sum(work.values()) / len(work)
         if own > 0 and work[least] + own < work[entry.home] - self.margin * mean:
             self._replicas[entry.home].value = max(work[entry.home] - own, 0.0)
-            self._replicas.setdefault(least, _Decayed(stamp=self._clock)).value += own
+            self._replicas.setdefault(least, _Decayed()).add(own, self._clock, self.half_life)
             entry.home = least
             return least, True
         return entry.home, False
@@ -95,12 +98,10 @@ class KeyHomes:
     def routed(self, key: str | None, replica: str, work: float) -> None:
         """A request went to `replica` bringing `work` there; it counts for `key` when `replica` is the key's home."""
         self._clock += 1
-        self._replicas.setdefault(replica, _Decayed(stamp=self._clock)).at(self._clock, self.half_life)
-        self._replicas[replica].value += work
+        self._replicas.setdefault(replica, _Decayed()).add(work, self._clock, self.half_life)
         entry = self._keys.get(key) if key is not None else None
         if entry is not None and entry.home == replica:
-            entry.work.at(self._clock, self.half_life)
-            entry.work.value += work
+            entry.work.add(work, self._clock, self.half_life)
 
     @property
     def replicas(self) -> set[str]:

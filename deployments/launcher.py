@@ -361,8 +361,7 @@ def _wait_for_stop_or_failure(names: list[str], stop: StopSignals) -> str | None
     from ray import serve
 
     reported: dict[str, str] = {}
-    while not stop.requested.wait(WATCH_S if [reported.get(n) for n in names] == ["RUNNING"] * len(names)
-                                  else POLL_S):
+    while not stop.requested.wait(WATCH_S if all(reported.get(n) == "RUNNING" for n in names) else POLL_S):
         statuses = serve.status().applications
         for name in names:
             app = statuses.get(name)
