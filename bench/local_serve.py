@@ -24,7 +24,10 @@ def start_serve(http_port: int | None = None) -> tuple[dict, int]:
     config = yaml.safe_load(path.read_text())
     set_ray_environment(load_config(str(path)))  # read when ray.init starts Ray
     port = free_port()
-    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    # "local": a Ray of its own even where `ray start` (or a test's `ray.cluster_utils.Cluster`, killed before its
+    # shutdown) left its address in Ray's temp directory; with no address ray.init would connect there.
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
     serve.start(http_options={"host": "127.0.0.1", "port": http_port or free_port()},
                 grpc_options={"port": port,
                               "grpc_servicer_functions": config["grpc_options"]["grpc_servicer_functions"]})

@@ -118,7 +118,7 @@ def main() -> None:
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "tiny-reranker", "qwen3", "causal_lm"))
     groups = queries()
     streams = {"shuffled": (shuffled(groups), args.clients), "bursts": (bursts(groups), max(1, args.clients // 8))}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
     serve.start(proxy_location="Disabled")
     configs = [(stream, label, replicas, policy, builder)

@@ -19,8 +19,9 @@ deploy, and on SIGTERM tears everything down with requests in flight. This launc
    CPU forward's threads;
    raises the open-files soft limit to the hard one and says so, for the Ray it starts: every client connection is
    a file in Ray's proxies;
-5. starts Ray (a local cluster, or `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`, the real command,
-   leaving out of its output the lines Ray prints for a normal state that read as failures (`RAY_NOISE`);
+5. starts Ray (a local cluster of its own, or joins `$RAY_ADDRESS`) and runs `serve run CONFIG --non-blocking`,
+   the real command, leaving out of its output the lines Ray prints for a normal state that read as failures
+   (`RAY_NOISE`);
 6. follows the applications: DEPLOY_FAILED shuts down, prints Ray's deploy error and, last, its one-line cause,
    and exits 1;
 7. on SIGTERM or Ctrl-C drains: deletes the applications, so their replicas take no new requests and finish the
@@ -350,7 +351,9 @@ def _start_serve(config_path: str, stop: StopSignals) -> None:
     from ray.serve._private.constants import SERVE_NAMESPACE
     from ray.serve.scripts import run
 
-    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace=SERVE_NAMESPACE)
+    # Without RAY_ADDRESS a Ray of its own ("local"): with no address ray.init would join the cluster whose address a
+    # `ray start` left in Ray's temp directory, and wait on it where that cluster is gone.
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", namespace=SERVE_NAMESPACE)
     stop.install()
     run.main(args=[config_path, "--non-blocking"], prog_name="serve run", standalone_mode=False)
 

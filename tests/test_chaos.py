@@ -172,10 +172,13 @@ def test_an_engine_replica_survives_a_busy_node(local_app):
 
 
 @pytest.mark.timeout(400)
-def test_a_lost_worker_node_leaves_no_request_unanswered(tiny_model_dir, serve_cluster):
+def test_a_lost_worker_node_leaves_no_request_unanswered(tiny_model_dir, serve_cluster, workdir, monkeypatch):
     """A head node (the proxy, the ingress) and a worker node holding the engine replicas; the worker is removed
     under load and the engine comes back on the head."""
     serve_cluster.stop()  # a cluster of two nodes of its own
+    # `Cluster` writes its address where `ray.init()` with no address looks; in a private temp directory, a run
+    # killed before `cluster.shutdown()` leaves it to nobody else on the machine.
+    monkeypatch.setenv("RAY_TMPDIR", str(workdir))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     worker = cluster.add_node(num_cpus=2, resources={"worker": 1})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)

@@ -2,6 +2,7 @@
 stage; its workloads never repeat a request; the whole script at a tiny size through a local Ray Serve."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ sys.path.insert(0, str(BENCH))
 
 from host_path import workload  # noqa: E402  (bench/ is not a package)
 from host_stages import HostPath, stages  # noqa: E402
+from local_serve import free_port  # noqa: E402
 from wire import TRANSPORTS  # noqa: E402
 
 
@@ -45,10 +47,14 @@ def test_stages_answer_as_the_engine_and_every_stage_is_timed(tiny_model_dir):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_script_writes_its_table_json_and_plot(tmp_path):
+def test_the_script_writes_its_table_json_and_plot(tmp_path, workdir):
+    """With the address of a cluster that is gone in Ray's temp directory (a `ray start` or a test's `Cluster` killed
+    before its shutdown leaves one), the script still starts a Ray of its own rather than waiting on that one."""
+    (workdir / "ray").mkdir()
+    (workdir / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
     subprocess.run([sys.executable, str(BENCH / "host_path.py"), "--presets", "tiny", "--large", "16", "--small", "4",
                     "--small-requests", "2", "--repeats", "1", "--clients", "1", "--out", str(tmp_path)],
-                   check=True, timeout=170, cwd=BENCH.parent)
+                   check=True, timeout=170, cwd=BENCH.parent, env={**os.environ, "RAY_TMPDIR": str(workdir)})
     result = json.loads((tmp_path / "host_path.json").read_text())["results"]["tiny"]
     assert set(result) == {"16", "4"}
     assert "| tiny | 16 |" in (tmp_path / "host_path.md").read_text() and (tmp_path / "host_path.png").stat().st_size

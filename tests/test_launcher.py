@@ -220,10 +220,14 @@ FAILURE_LOOKALIKES = ("Cannot deregister autoscaling state", "graceful_shutdown 
 @pytest.mark.slow
 def test_a_clean_start_and_stop_log_the_model_served_and_nothing_like_a_failure(tiny_model_dir, workdir):
     """The README's serve command (serve_config.yaml: an autoscaled engine beside a fixed ingress) with
-    `RADIXSERVE_MODEL`, stopped with Ctrl-C: Ray's own build line names the model served, not the config's."""
+    `RADIXSERVE_MODEL`, stopped with Ctrl-C: Ray's own build line names the model served, not the config's. Ray's
+    temp directory names a cluster that is gone (as a `ray start` or a test's `Cluster` killed before its shutdown
+    leaves it): without `RAY_ADDRESS` the launcher starts a Ray of its own rather than waiting on that one."""
     from radixserve.client import ScoringClient
 
     grpc_port, model = free_port(), tiny_model_dir()
+    (workdir / "ray").mkdir()
+    (workdir / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
     launched = Launched(write_config(workdir / "c.yaml", free_port(), grpc_port), model, workdir)
     try:
         with ScoringClient(f"127.0.0.1:{grpc_port}", timeout_s=60, retries=0) as client:
