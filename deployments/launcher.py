@@ -10,6 +10,8 @@ deploy, and on SIGTERM tears everything down with requests in flight. This launc
    local Hugging Face cache or the network) and names the model it will serve (`RADIXSERVE_MODEL` included);
    where `RADIXSERVE_MODEL` overrides `args.model`, `serve run` gets a copy of CONFIG with that model in its args,
    so Ray's own log and the replicas of a cluster (which the variable does not reach) name the model served;
+   with `$RAY_ADDRESS` set, waits up to `--ray-wait` seconds for something to accept a connection there and
+   otherwise refuses to start, naming the address (`ray.init` would retry a dead address for ever);
 4. sets `RAY_SERVE_GRPC_MAX_MESSAGE_SIZE` from `limits.max_request_bytes` (unless set): Ray reads it when its proxy
    imports `ray.serve._private.constants`, so it must be in the environment of the Ray it starts;
    sets `RAY_worker_niceness` from `placement.niceness` (unless set), so the Ray it starts runs Serve's proxies at
@@ -63,6 +65,8 @@ POLL_S = 1.0
 WATCH_S = 5.0
 # Above the deployments' graceful_shutdown_timeout_s (Ray's default 20 s) so Ray's own bound ends a drain first.
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+# Long enough for a Ray head started beside the launcher (a pod's head container, `ray start` in a script) to listen.
+DEFAULT_RAY_WAIT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 30.0  # Serve's own bound on its controller's shutdown (`serve.shutdown()`)
 DEDUP_SKIP_ENV = "RAY_DEDUP_LOGS_SKIP_REGEX"  # lines of Ray's processes the driver does not print; read at `import ray`
 # Ray 2.60's controller deregisters the autoscaling state of every fixed-size deployment it deploys or deletes,
@@ -75,7 +79,7 @@ class LaunchError(RuntimeError):
     """The server cannot start as configured; the message says why and what to change."""
 
 
-def serve(config_path: str, drain_timeout_s: float) -> int:
+def serve(config_path: str, drain_timeout_s: float, ray_wait_s: float = DEFAULT_RAY_WAIT_S) -> int:
     """Run CONFIG until it fails to deploy (exit 1) or a signal drains it (exit 0)."""
     skip_ray_noise()
     config = load_config(config_path)
@@ -83,6 +87,7 @@ def serve(config_path: str, drain_timeout_s: float) -> int:
     for app in radixserve_apps(config):
         check_model(app["args"].model)
         print(f"radixserve: application {app['name']!r} serves model {app['args'].model!r}", flush=True)
+    check_ray_address(os.environ.get("RAY_ADDRESS"), ray_wait_s)
     set_ray_environment(config)
     print(f"radixserve: open files limit {raise_open_files_limit()}", flush=True)
     stop = StopSignals()
@@ -208,6 +213,32 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def check_ray_address(address: str | None, wait_s: float) -> None:
+    """With `address` a Ray cluster's `host:port` (`ray://host:port` for Ray Client), wait up to `wait_s` seconds for
+    a TCP connection to open there; raise LaunchError when none does. No address, `auto`, `local`, another scheme or
+    no port: nothing to check here (Ray resolves those itself)."""
+    if not address or address in ("auto", "local"):
+        return
+    scheme, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme not in ("", "ray") or not host or not port.isdigit():
+        return
+    deadline, error = time.monotonic() + wait_s, None
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, min(5.0, wait_s))):
+                return
+        except OSError as err:
+            error = err
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    raise LaunchError(
+        f"RAY_ADDRESS={address}: no Ray cluster answered there within {wait_s:g} s (--ray-wait; last error: "
+        f"{error}). Start the cluster there (`ray start --head --port {port}`), correct RAY_ADDRESS, or unset it "
+        f"to serve on a Ray of the launcher's own.")
 
 
 def listening_addresses(config: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -434,7 +465,7 @@ def _shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
 
 
 def add_subcommand(subparsers: Any) -> None:
-    """`radixserve serve [CONFIG] [--drain-timeout S]`, registered by radixserve.cli."""
+    """`radixserve serve [CONFIG] [--drain-timeout S] [--ray-wait S]`, registered by radixserve.cli."""
     parser = subparsers.add_parser(
         "serve", help="run the server: serve run CONFIG, with port checks, a drain on SIGTERM, exit 1 on a failed "
                       "deploy",
@@ -442,6 +473,9 @@ def add_subcommand(subparsers: Any) -> None:
     parser.add_argument("config", nargs="?", default="serve_config.yaml", help="Serve config (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S, metavar="S",
                         help="longest wait for in-flight requests after SIGTERM/Ctrl-C (default: %(default)s)")
+    parser.add_argument("--ray-wait", type=float, default=DEFAULT_RAY_WAIT_S, metavar="S",
+                        help="with RAY_ADDRESS set, longest wait for that cluster to accept a connection before "
+                             "refusing to start (default: %(default)s)")
     parser.add_argument("--print-config", action="store_true",
                         help="print each radixserve application's args as validated, every default filled in "
                              "(RADIXSERVE_MODEL applied), as YAML, and exit without starting anything")
@@ -453,7 +487,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.print_config:
             print(settings_yaml(load_config(args.config)), end="")
             return 0
-        return serve(args.config, args.drain_timeout)
+        return serve(args.config, args.drain_timeout, args.ray_wait)
     except LaunchError as err:
         print(f"radixserve serve: {err}", file=sys.stderr)
         return 2

@@ -297,6 +297,43 @@ def test_cli_refuses_a_missing_model_at_once_naming_the_fix(tmp_path):
     assert f"model path '{tmp_path / 'no-such-model'}' does not exist" in done.stderr
 
 
+def test_a_ray_address_is_checked_for_a_listener_until_the_wait_ends():
+    """Something listening passes (also when it starts listening during the wait); `auto`, `local`, no address and
+    other schemes are left to Ray; a dead address is refused after the wait, naming it and the fixes."""
+    for address in (None, "", "auto", "local", "anyscale://cluster", "headnode"):
+        launcher.check_ray_address(address, wait_s=0)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        launcher.check_ray_address(f"127.0.0.1:{port}", wait_s=0)
+        launcher.check_ray_address(f"ray://127.0.0.1:{port}", wait_s=0)
+    late = free_port()
+    server: list[socket.socket] = []
+    timer = threading.Timer(0.5, lambda: server.append(socket.create_server(("127.0.0.1", late))))
+    timer.start()
+    try:
+        launcher.check_ray_address(f"127.0.0.1:{late}", wait_s=30)
+    finally:
+        timer.join()
+        server[0].close()
+    dead = free_port()
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launcher.check_ray_address(f"ray://127.0.0.1:{dead}", wait_s=1.5)
+    assert 1.5 <= time.monotonic() - began < 10
+    assert str(err.value).startswith(f"RAY_ADDRESS=ray://127.0.0.1:{dead}: no Ray cluster answered there within 1.5 s")
+    assert "correct RAY_ADDRESS, or unset it" in str(err.value)
+
+
+def test_cli_refuses_a_ray_address_where_no_cluster_listens(tmp_path, tiny_model_dir):
+    """Without the check `ray.init` retries the dead address for ever, printing GCS timeouts."""
+    path, dead = write_config(tmp_path / "c.yaml", free_port(), free_port()), free_port()
+    env = dict(os.environ, RADIXSERVE_MODEL=str(tiny_model_dir()), RAY_ADDRESS=f"127.0.0.1:{dead}")
+    done = subprocess.run([sys.executable, "-m", "radixserve.cli", "serve", str(path), "--ray-wait", "2"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 2, done.stderr
+    assert f"radixserve serve: RAY_ADDRESS=127.0.0.1:{dead}: no Ray cluster answered there within 2 s" in done.stderr
+
+
 @pytest.mark.serve
 @pytest.mark.slow
 def test_model_that_cannot_load_exits_1_with_the_load_error_last(workdir):
