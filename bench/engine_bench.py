@@ -217,7 +217,8 @@ def auto_section(costs: ModeCosts, static: ModeCosts, runs: Sequence[ShapeRun]) 
     missed = [missed_note(run) for run in runs if run.chosen != fastest_mode(run)]
     return (f"## auto's choice\n\nHow to read: auto picks the mode of least predicted time under the cost model the "
             f"engine's warm-up measured ({costs.source}: seconds per row {costs.rows:.3g}, per pair {costs.pairs:.3g}, "
-            f"per scattered row {costs.scattered:.3g}, per merged row {costs.merged:.3g}; `radix_core/mode_cost.py`). "
+            f"per scattered row {costs.scattered:.3g}, per merged row {costs.merged:.3g}, per query past mlp's rows "
+            f"{costs.queries:.3g}; `radix_core/mode_cost.py`). "
             "Measured: the least time of each mode over the shapes table's rounds (other load on the machine only "
             "adds time, so the least is the round it disturbed least); picked / fastest: the picked mode's over the "
             "fastest's. Static model: the mode an engine that never warmed up picks (FLOP counts). Picked the "

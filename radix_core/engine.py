@@ -177,7 +177,7 @@ class Engine:
         second reads the first's prefix from it, and the cache is then emptied).
         When flash-attn was only preferred (`attention="auto"`) and one of its kernels fails, the engine falls
         back to the Triton kernels (`fallback_backend`, logged once) and warms those. With radix "auto" it then
-        measures the cost model auto chooses by on this device (`radix_core.mode_calibration`, at most ~3 s).
+        measures the cost model auto chooses by on this device (`radix_core.mode_calibration`, at most ~4 s).
 
         flash-attn 4 keeps its kernels in memory only, unless `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1` (then in
         `FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`); Triton keeps them in `TRITON_CACHE_DIR` (default

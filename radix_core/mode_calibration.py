@@ -12,6 +12,8 @@ of work they differ in (other differences taken off with the coefficients known 
 * `merged`: one layer's attention over k sequences behind one `PREFIX`-token prefix, in `full`, and in `off` over
   the same segments as sequences of their own: the k x `SUFFIX` prefix-block rows merged (and the prefix block's
   pairs, taken off).
+* `queries`: one layer's attention, `off`, over R and 2R rows as sequences of `SEQUENCE` tokens: R more queries
+  (and their pairs, taken off).
 
 Attention runs through the engine's backend on random q/k/v of the model's head shape and dtype, as in the
 warm-up, and one layer's time counts once per layer. A slope needs runs well above the timer and the fixed costs
@@ -19,8 +21,8 @@ of a call, so each probe doubles its size from small until its larger run takes 
 then each time is the least over rounds of the two runs alternating (the run other load disturbed least): at
 least `REPEATS` rounds, more while a round still lowers one (a busy machine), at most `MAX_REPEATS`.
 
-All of it stays within a budget of seconds (`BUDGET_S`, and at most one run past it; 2.1-2.5 s on 2 CPU cores
-with the bench preset, about 1.5 s with the tiny one: bench/results/engine_bench.md). A
+All of it stays within a budget of seconds (`BUDGET_S`, and at most one run past it; 2.6-3.0 s on 2 CPU cores
+with the bench preset, 1.0-1.3 s with the tiny one: bench/results/engine_bench.md). A
 coefficient not measured by then, or measured at zero or below (noise larger than the difference), takes its
 static FLOP-count ratio to `rows` (`mode_cost.flop_costs`); without `rows` the static model stands. `source` says
 which.
@@ -46,7 +48,7 @@ from radix_core.mode_cost import WORK, ModeCosts, ModelShape, ModeWork, causal_p
 
 log = logging.getLogger(__name__)
 
-BUDGET_S = 3.0  # the whole calibration; the row probe, first, takes most of it on a CPU
+BUDGET_S = 4.0  # the whole calibration; the row probe, first, takes most of it on a CPU
 TARGET_S = 0.03  # the larger run of a probe at its measured size
 MAX_ROWS = 16384  # the largest probe (the serving default `max_batch_tokens`)
 REPEATS, MAX_REPEATS = 3, 15  # timed rounds of a probe's two runs: at least, and at most while still lowering
@@ -147,6 +149,13 @@ class Calibration:
         return ((self.attention(self.ragged(sequences)), works["off"]),
                 (self.attention(plan_compact(mlp, self.device)), works["mlp"]))
 
+    def query_probe(self, size: int) -> tuple[Run, Run]:
+        """Attention over `size` and 2 x `size` rows as sequences of `SEQUENCE` tokens."""
+        def run(rows: int) -> Run:
+            plan = self.ragged(self.sequences(rows // SEQUENCE, SEQUENCE))
+            return self.attention(plan), ModeWork(0, causal_pairs(plan.cu_seqlens), queries=plan.num_rows)
+        return run(size), run(2 * size)
+
     def merge_probe(self, size: int) -> tuple[Run, Run]:
         """Attention over `size` // `SUFFIX` sequences behind one `PREFIX`-token prefix in `full`, and in `off`
         over the same segments as sequences of their own."""
@@ -208,6 +217,8 @@ def calibrate(arch: Architecture, backend: AttentionBackend, limits: BatchLimits
             pairs = measured["pairs"] if measured["pairs"] > 0 else static.pairs * measured["rows"] / static.rows
             measured["merged"] = layers * probes.slope(probes.merge_probe, 4 * SEQUENCE, "merged",
                                                        known={"pairs": pairs / layers})
+            measured["queries"] = layers * probes.slope(probes.query_probe, 4 * SEQUENCE, "queries",
+                                                        known={"pairs": pairs / layers})
     except OutOfTime:
         pass
     costs = combined(measured, static, device, time.perf_counter() - started)

@@ -9,8 +9,14 @@ mode (`ModeWork`, `mode_works`):
 | `pairs`: (query, key) pairs attention scores | sum of L(L+1)/2 | the same | sum of position + 1 over rows |
 | `scattered`: rows q/k/v are scattered to, and the output gathered from | 0 | N + N' | 0 |
 | `merged`: prefix-block query rows, gathered and merged by log-sum-exp | 0 | 0 | P (rows x ancestor segments) - A |
+| `queries`: attention query rows beyond the computed rows | 0 | N - N' | 0 |
 
 A: the rows of the short prefix blocks the torch backend absorbs into causal blocks (`ModeCosts.absorbs`).
+`queries`: a row's cost (`rows`, measured on `off` forwards, where every row is a query) includes its attention's
+own per-query work (reading the query, the softmax, writing the output), which `mlp` pays for every token, as
+its attention runs in the tokens' layout: on a 1,000-document `tiny` rerank's batch (24,400 tokens, 13,400 compact
+rows; Intel Xeon, 2 CPUs) a query cost 6.5e-7 s against 3.0e-6 for a whole row, and without it the model put `mlp`
+2-5% behind `full` where it ran 7-21% behind (and 1 calibration in 6 picked it).
 
 `mlp` and `full` compute the same rows; they differ in attention only: `mlp` pays every sequence's whole causal
 attention plus the scatter and gather around it, `full` scores each compact row against its path once but merges
@@ -56,6 +62,7 @@ class ModeWork:
     pairs: int
     scattered: int = 0
     merged: int = 0
+    queries: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class ModeCosts:
     merged: float
     source: str
     absorbs: bool = False  # the backend absorbs short prefix blocks into causal ones (torch): they merge nothing
+    queries: float = 0.0
 
     def predict(self, work: ModeWork) -> float:
         return sum(getattr(self, name) * getattr(work, name) for name in WORK)
@@ -117,13 +125,15 @@ class ModeCosts:
 
 def flop_costs(shape: ModelShape, device_type: str, element_bytes: int, absorbs: bool = False) -> ModeCosts:
     """The static model of an engine that has not measured its device: matmul and attention FLOPs, and the bytes
-    the scatter and the merge move, counted as the FLOPs the device does in the same time (`FLOPS_PER_BYTE`)."""
+    the scatter, the merge and `mlp`'s queries past its rows move, counted as the FLOPs the device does in the same
+    time (`FLOPS_PER_BYTE`)."""
     balance = FLOPS_PER_BYTE.get(device_type, ACCELERATOR_FLOPS_PER_BYTE)
     qkv_and_out = (shape.heads + shape.kv_heads) * shape.head_dim * element_bytes * 2  # mean row, read + write
     merge = MERGE_PASSES * shape.heads * shape.head_dim * 4  # float32
     return ModeCosts(rows=shape.row_flops(), pairs=shape.pair_flops(),
                      scattered=balance * qkv_and_out * shape.layers, merged=balance * merge * shape.layers,
-                     source=f"static FLOP count ({device_type}, {balance:g} FLOP per byte moved)", absorbs=absorbs)
+                     source=f"static FLOP count ({device_type}, {balance:g} FLOP per byte moved)", absorbs=absorbs,
+                     queries=balance * qkv_and_out * shape.layers)
 
 
 DEFAULT_COSTS = flop_costs(ModelShape(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
@@ -150,6 +160,6 @@ def mode_works(index: RadixIndex, cascade: CascadePlan, cached_rows: int = 0,
     return {
         "off": ModeWork(index.num_tokens, sequence_pairs),
         "mlp": ModeWork(index.num_compact - cached_rows, sequence_pairs,
-                        scattered=index.num_tokens + index.num_compact),
+                        scattered=index.num_tokens + index.num_compact, queries=index.num_tokens - index.num_compact),
         "full": ModeWork(index.num_compact - cached_rows, path_pairs, merged=merged),
     }

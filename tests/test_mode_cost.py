@@ -24,6 +24,7 @@ NO_SHARING = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
 PAIRS_DEAR = ModeCosts(rows=1.0, pairs=1.0, scattered=0.01, merged=0.01, source="test")
 MERGE_DEAR = ModeCosts(rows=1.0, pairs=0.001, scattered=0.01, merged=10.0, source="test")
 MOVING_DEAR = ModeCosts(rows=1.0, pairs=0.001, scattered=10.0, merged=10.0, source="test")
+QUERIES_DEAR = ModeCosts(rows=1.0, pairs=0.001, scattered=0.01, merged=0.01, source="test", queries=10.0)
 
 
 def works(sequences) -> dict[str, ModeWork]:
@@ -38,7 +39,7 @@ def limits(costs: ModeCosts, threshold: float = 1.0) -> BatchLimits:
 def test_each_mode_does_the_work_its_layout_implies():
     # compact rows 1, 2, 3, 4 at positions 0, 1, 2, 2; segments [1, 2], [3], [4]; one prefix block, 2 queries
     got = works([[1, 2, 3], [1, 2, 4]])
-    assert got == {"off": ModeWork(rows=6, pairs=12), "mlp": ModeWork(rows=4, pairs=12, scattered=10),
+    assert got == {"off": ModeWork(rows=6, pairs=12), "mlp": ModeWork(rows=4, pairs=12, scattered=10, queries=2),
                    "full": ModeWork(rows=4, pairs=1 + 2 + 3 + 3, merged=2)}
 
 
@@ -63,6 +64,7 @@ def test_a_batch_without_sharing_runs_off_whatever_the_coefficients(costs):
     (SHORT_PREFIX, MERGE_DEAR, "mlp"),  # every tail row merges the prefix block: 135 merged rows
     (LONG_PREFIX, MERGE_DEAR, "mlp"),  # 12 merged rows, but pairs cost next to nothing
     (SHORT_PREFIX, MOVING_DEAR, "off"),  # moving rows costs more than the 8 rows it saves
+    (SHORT_PREFIX, QUERIES_DEAR, "full"),  # mlp's attention runs over the 8 tokens it does not compute
 ])
 def test_auto_runs_the_mode_of_least_predicted_time(sequences, costs, mode):
     predicted = {m: costs.predict(w) for m, w in works(sequences).items()}
@@ -136,8 +138,9 @@ def test_a_calibration_out_of_time_keeps_the_static_model_and_says_so(tiny_model
 
 def test_coefficients_measured_at_zero_or_below_take_their_static_ratio_to_rows():
     static = ModeCosts(rows=100.0, pairs=1.0, scattered=5.0, merged=20.0, source="static")
-    got = combined({"rows": 0.5, "pairs": -1e-9, "scattered": 0.1}, static, torch.device("cpu"), 1.25)
-    assert (got.rows, got.pairs, got.scattered, got.merged) == (0.5, 0.005, 0.1, 0.1)
+    got = combined({"rows": 0.5, "pairs": -1e-9, "scattered": 0.1, "queries": 0.2}, static, torch.device("cpu"),
+                   1.25)
+    assert (got.rows, got.pairs, got.scattered, got.merged, got.queries) == (0.5, 0.005, 0.1, 0.1, 0.2)
     assert got.source == "calibrated on cpu in 1.25 s; pairs, merged at the static ratio to rows"
 
 
@@ -162,7 +165,8 @@ def test_each_probe_differs_only_in_the_work_it_measures(tiny_model_dir):
     engine = Engine.from_pretrained(str(tiny_model_dir("qwen3", "base")), device="cpu", prefix_cache_bytes=0)
     probes = Calibration(engine.arch, engine.backend, engine.limits, engine.device, engine.dtype, float("inf"))
     for probe, unit, also in [(probes.row_probe, "rows", {"pairs"}), (probes.pair_probe, "pairs", set()),
-                              (probes.scatter_probe, "scattered", set()), (probes.merge_probe, "merged", {"pairs"})]:
+                              (probes.scatter_probe, "scattered", set()), (probes.merge_probe, "merged", {"pairs"}),
+                              (probes.query_probe, "queries", {"pairs"})]:
         (_, base), (_, more) = probe(256)
         grew = {name for name in WORK if getattr(more, name) != getattr(base, name)}
         assert unit in grew and grew <= {unit} | also and getattr(more, unit) > getattr(base, unit)
