@@ -21,7 +21,7 @@ of a call, so each probe doubles its size from small until its larger run takes 
 then each time is the least over rounds of the two runs alternating (the run other load disturbed least): at
 least `REPEATS` rounds, more while a round still lowers one (a busy machine), at most `MAX_REPEATS`.
 
-All of it stays within a budget of seconds (`BUDGET_S`, and at most one run past it; 2.6-3.0 s on 2 CPU cores
+All of it stays within a budget of seconds (`BUDGET_S`, and at most one run past it; 2.6-3.1 s on 2 CPU cores
 with the bench preset, 1.0-1.3 s with the tiny one: bench/results/engine_bench.md). A
 coefficient not measured by then, or measured at zero or below (noise larger than the difference), takes its
 static FLOP-count ratio to `rows` (`mode_cost.flop_costs`); without `rows` the static model stands. `source` says

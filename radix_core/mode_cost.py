@@ -113,7 +113,7 @@ class ModeCosts:
     merged: float
     source: str
     absorbs: bool = False  # the backend absorbs short prefix blocks into causal ones (torch): they merge nothing
-    queries: float = 0.0
+    queries: float = 0.0  # per attention query past mlp's rows (`ModeWork.queries`); 0: a model without the term
 
     def predict(self, work: ModeWork) -> float:
         return sum(getattr(self, name) * getattr(work, name) for name in WORK)
