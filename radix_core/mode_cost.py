@@ -130,10 +130,11 @@ def flop_costs(shape: ModelShape, device_type: str, element_bytes: int, absorbs:
     balance = FLOPS_PER_BYTE.get(device_type, ACCELERATOR_FLOPS_PER_BYTE)
     qkv_and_out = (shape.heads + shape.kv_heads) * shape.head_dim * element_bytes * 2  # mean row, read + write
     merge = MERGE_PASSES * shape.heads * shape.head_dim * 4  # float32
-    return ModeCosts(rows=shape.row_flops(), pairs=shape.pair_flops(),
-                     scattered=balance * qkv_and_out * shape.layers, merged=balance * merge * shape.layers,
+    moved = balance * qkv_and_out * shape.layers  # a scattered row's, and a query's past mlp's rows
+    return ModeCosts(rows=shape.row_flops(), pairs=shape.pair_flops(), scattered=moved,
+                     merged=balance * merge * shape.layers,
                      source=f"static FLOP count ({device_type}, {balance:g} FLOP per byte moved)", absorbs=absorbs,
-                     queries=balance * qkv_and_out * shape.layers)
+                     queries=moved)
 
 
 DEFAULT_COSTS = flop_costs(ModelShape(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
