@@ -39,6 +39,7 @@ from radix_core.engine import Engine
 from radix_core.finish import finish_jobs
 from radix_core.forward import run_layers
 from radix_core.forward_result import ForwardResult
+from radix_core.prefix_cache import Origins
 from radix_core.tasks import RerankResult, TaskJob, task_for
 
 COMMON = ("tokenize + split", "key + route", "cache lookup", "batcher", "index build", "plan", "forward",
@@ -151,7 +152,7 @@ class HostPath:
         """`Engine.run_jobs` with the cache (`run_with_cache`), a clock between its steps."""
         engine, clock = self.engine, self.clock
         mark = time.perf_counter()
-        with engine.prefix_cache.lease(prepared.input_ids, prepared.cu_seqlens) as lease:
+        with engine.prefix_cache.lease(prepared.input_ids, prepared.cu_seqlens, origins=Origins.of(jobs)) as lease:
             clock.add("cache lookup", time.perf_counter() - mark)
             with clock("plan"):
                 plan = plan_with_cache(prepared, lease, engine.device)

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from radix_core.cascade import CascadePlan, cascade_plan
-from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
 from radix_core.engine_config import RADIX_CHOICES
+from radix_core.index import RadixIndex, build_radix_index, flatten_sequences
 from radix_core.mode_cost import DEFAULT_COSTS, ModeCosts, mode_works
 from radix_core.tokens import TokenSequences
+
 
 @dataclass(frozen=True)
 class BatchLimits:

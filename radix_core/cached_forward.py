@@ -1,7 +1,7 @@
 """A batch's forward with the prefix cache (`radix_core.prefix_cache`): rows whose history is cached are read, not
 computed, and rows seen the second time enter the cache.
 
-    plan, hidden = run_with_cache(arch, backend, cache, prepared, scopes)  # hidden: (R + C, hidden)
+    plan, hidden = run_with_cache(arch, backend, cache, prepared, scopes, origins)  # hidden: (R + C, hidden)
 
 **Where the match happens: here, right before the forward, in the engine's process**, not where the batch is
 prepared. The serving layer's IndexBuilder prepares batch k+1 in another process while batch k runs, but the cache
@@ -62,14 +62,16 @@ from radix_core.forward import (
     upload,
 )
 from radix_core.index import sequence_positions
-from radix_core.prefix_cache import CacheLease, PrefixCache
+from radix_core.prefix_cache import CacheLease, Origins, PrefixCache
 
 
 def run_with_cache(arch: Architecture, backend: AttentionBackend, cache: PrefixCache, prepared: PreparedBatch,
-                   scopes: Sequence[Hashable] | None = None) -> tuple[BatchPlan, torch.Tensor]:
+                   scopes: Sequence[Hashable] | None = None,
+                   origins: Origins | None = None) -> tuple[BatchPlan, torch.Tensor]:
     """The plan of `prepared` and its hidden states (R + C, hidden), reading `cache` and filling it; `scopes`: one
-    per sequence (whose cache tree it reads), or None for the shared one."""
-    with cache.lease(prepared.input_ids, prepared.cu_seqlens, scopes) as lease:
+    per sequence (whose cache tree it reads), or None for the shared one; `origins`: each sequence's request and
+    its shared prefix, for admission (`PrefixCache.lease`), or None."""
+    with cache.lease(prepared.input_ids, prepared.cu_seqlens, scopes, origins) as lease:
         plan = plan_with_cache(prepared, lease, cache.shape.device)
         hidden = run_layers(arch, plan, backend)
         lease.commit(plan.kept)

@@ -47,7 +47,7 @@ from radix_core.forward_result import ForwardResult
 from radix_core.invariant_attention import InvariantAttention
 from radix_core.invariant_matmul import RowTiledLinear
 from radix_core.mode_calibration import calibrate, static_costs
-from radix_core.prefix_cache import PrefixCache, cache_budget
+from radix_core.prefix_cache import Origins, PrefixCache, cache_budget
 from radix_core.prompt_encoding import PromptTokenizer, load_prompt_tokenizer
 from radix_core.tasks import (
     ClassifyRequest,
@@ -230,16 +230,18 @@ class Engine:
         return prepare_batch(sequences, self.radix if mode is None else mode, self.limits)
 
     @torch.inference_mode()
-    def run(self, prepared: PreparedBatch, scopes: Sequence[Hashable] | None = None) -> ForwardResult:
+    def run(self, prepared: PreparedBatch, scopes: Sequence[Hashable] | None = None,
+            origins: Origins | None = None) -> ForwardResult:
         """The device half: lay the prepared batch out on the device and run the layers. With the prefix cache,
         rows it holds are read instead of computed (`radix_core.cached_forward`); `scopes`: the cache tree of each
-        sequence (e.g. its API key), None for one shared tree."""
+        sequence (e.g. its API key), None for one shared tree; `origins`: each sequence's request, which the cache
+        admits by (`PrefixCache.lease`; None: each sequence a request of its own)."""
         with self.numerics():
             if self.prefix_cache is None:
                 plan = self._plan(prepared)
                 hidden = run_layers(self.arch, plan, self.backend)
             else:
-                plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes)
+                plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes, origins)
         return ForwardResult(prepared, plan, hidden, self.arch.head_module)
 
     def numerics(self) -> contextlib.AbstractContextManager:
@@ -299,7 +301,7 @@ class Engine:
                              f"tokens): prepare exactly the concatenation of the jobs' sequences, in job order")
         if scopes is not None:
             scopes = [scope for job, scope in zip(jobs, scopes) for _ in range(len(job.sequences))]
-        result = self.run(prepared, scopes)
+        result = self.run(prepared, scopes, Origins.of(jobs))
         with self.numerics():
             return finish_jobs(result, jobs)
 

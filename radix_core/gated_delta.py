@@ -41,7 +41,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-
 CHUNK = 64  # the rows of the rule's chunks (`torch_chunk_gated_delta_rule`'s default `chunk_size`)
 
 

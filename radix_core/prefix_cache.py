@@ -2,7 +2,7 @@
 kept across batches under a byte budget, so that a hot prefix is computed once per replica, not once per batch.
 
     cache = PrefixCache(RowShape.of(arch, dtype, device), budget_bytes=256 << 20)  # RowShape: cached_rows
-    with cache.lease(input_ids, cu_seqlens, scopes) as lease:  # one batch; the cache is locked meanwhile
+    with cache.lease(input_ids, cu_seqlens, scopes, origins) as lease:  # one batch; the cache is locked meanwhile
         lease.matched                # (B,) leading tokens of each sequence whose rows are cached
         past = lease.past(lengths)   # those rows (lengths <= matched), for the forward to read
         kept = lease.keep(rows)      # buffers the forward copies the admitted rows' K/V and states into
@@ -22,9 +22,9 @@ its middle, the segment is split there (its K/V copied into two tensors, so each
 **States.** A segment is `resident` (K/V held, counted against the budget), `pending` (admitted by this lease,
 filled at commit) or a `ghost` (ids only: a record that the prefix was seen). Along every path resident
 segments come first, then pending, then ghosts. The part of a sequence below where it left the tree, seen once,
-is a **ghost tail**: its ids alone (bytes) in its parent's children, recorded in its batch's `_Tails`, until a
-walk reaches it again and makes it a ghost segment: a rerank's 1,000 one-off documents are 1,000 dict entries,
-not 1,000 objects to create, order, collect and free.
+is a **ghost tail**: its ids (bytes) and its request, a tuple in its parent's children, recorded in its batch's
+`_Tails`, until a walk reaches it again and makes it a ghost segment: a rerank's 1,000 one-off documents are 1,000
+dict entries, not 1,000 objects to create, order, collect and free.
 
 **Admission: the second sighting.** A row enters the cache the second time its history is seen: two sequences of
 one batch share it (a few-shot prompt, a rerank query, an embedding instruction: admitted by the batch that
@@ -39,12 +39,27 @@ longer admitted one is admitted with it. Ghosts cost their ids, and at most `gho
 (default 4x the rows the budget holds), least recently seen forgotten first (a batch's ghost tails in the
 order it left them, as one entry of the ghosts' recency order).
 
+**An item's own rows: the second request.** Below its request's shared prefix a row is an item's own, and there
+sightings count only from two requests (`Origins`, given by `Engine.run_jobs`: each sequence's request, an id drawn
+when the request is encoded and kept by its parts, and the request's `shared_len`). Documents of one rerank that
+open with the same sentence share rows in its batch, and again in its later batches (the served path runs a
+1,000-document request as ~7 batches); admitted, those rows cost a K/V copy each, and the request's later batches
+read them back as dozens of small past blocks a batch, slower than computing them: two 1,000-document MS
+MARCO-shaped reranks (`tiny` preset) through the served path's 14 batches took 959 ms of forward admitting 11,028
+such rows, 888 ms admitting only their 80 rows of prompt and query, and 861 ms without the cache (the least of 6
+interleaved runs on 2 CPUs). The same rows sent again by another request (a repeated document or text, a user
+scoring again) are admitted then; so are the inputs of a few-shot request once another request repeats them (each
+input is shared by its labels' sequences, all of its own request). A segment that starts inside the shared prefix
+is admitted whole (documents that all open alike extend it); one once evicted is admitted at its next sighting,
+whoever sees it. Without origins (`Engine.forward`, the cache alone) each sequence is a request of its own.
+
 **Eviction.** Least recently used first, one whole segment at a time, only segments without cached segments below
 them (evicting one may expose its parent); never one this lease uses. Segments read back by a later batch (`read`)
 are kept over those never read back while they hold at most a target number of rows, at first `PROTECTED_SHARE` of
-the budget: a few-shot prompt read by every request of its own is not pushed out by the inputs those requests admit
-(each shared by its labels in its own batch, never read again), newer though they are. `bench/cache_eviction.py`
-feeds the cache alone one replica's share of the few-shot stream (a budget of 14,563 rows, prompts of 1,024):
+the budget: a few-shot prompt read by every request of its own is not pushed out by rows admitted after it and
+never read back (without origins, the inputs those requests admit), newer though they are. `bench/cache_eviction.py`
+feeds the cache alone, without origins, one replica's share of the few-shot stream (a budget of 14,563 rows, prompts
+of 1,024):
 holding 10 prompts it missed one it held 0 times in 360 requests against 12 least recently used first, holding 11
 prompts 4 against 31, holding 12, 25 against 42. The target adapts as in ARC (Megiddo and Modha, "ARC: A Self-
 Tuning, Low Overhead Replacement Cache", FAST 2003): an evicted segment seen again raises it by its rows if it had
@@ -82,6 +97,7 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -90,12 +106,17 @@ from radix_core.cached_rows import CachedPrefix, KeptRows, RowShape
 from radix_core.cascade import concat_ranges
 from radix_core.engine_config import check_cache_budget
 
+if TYPE_CHECKING:
+    from radix_core.tasks import TaskJob
+
 RESIDENT, PENDING, GHOST = "resident", "pending", "ghost"
 DEFAULT_CPU_BYTES = 256 << 20  # on the CPU: 14,563 rows of the bench preset, 1,149 of Qwen3-0.6B in float32
 GPU_FREE_SHARE = 0.3  # on CUDA: this share of the device memory free once the weights are loaded
 GHOST_FACTOR = 4  # ghost tokens remembered, per row the budget holds
 MIN_LEAF_ROWS = 4  # the fewest rows of a seen ghost admitted with no admission below it
 PROTECTED_SHARE = 0.8  # of the budget: segments read back are evicted after those never read while they hold less
+SEVERAL = -1  # a ghost's `request` once two requests have seen it; requests are ids >= 0, or below -1 for the
+# sequences of a lease given no origins (each a request of its own)
 _LEAF: dict = {}  # the children of every segment that has none
 
 
@@ -134,15 +155,16 @@ class _Segment:
     """A node of the tree: token ids `ids` at positions `depth ..`, and in the resident state their rows."""
 
     __slots__ = ("ids", "size", "depth", "parent", "children", "state", "kv", "states", "end", "tick", "scope",
-                 "read", "evicted_read")
+                 "read", "evicted_read", "request")
 
-    def __init__(self, ids: bytes, depth: int, parent: _Segment | None, state: str, scope: Hashable = None):
+    def __init__(self, ids: bytes, depth: int, parent: _Segment | None, state: str, scope: Hashable = None,
+                 request: int = SEVERAL):
         self.ids = ids  # n int32 token ids as bytes: compared in C (`bytes.startswith`), 4 bytes a token
         self.size = len(ids) >> 2  # n
         self.depth = depth  # tokens above the segment: the position of its first row
         self.parent = parent  # None for a scope's root
-        self.children: dict[bytes, _Segment | bytes] = _LEAF  # by first token id's bytes (a ghost tail: its ids);
-        # its own dict from the first
+        self.children: dict[bytes, _Segment | _Tail] = _LEAF  # by first token id's bytes; its own dict from the
+        # first
         self.state = state
         self.kv: torch.Tensor | None = None  # (layers, 2, n, Hkv, D) when resident
         self.states: torch.Tensor | None = None  # (n, hidden) when resident
@@ -151,17 +173,38 @@ class _Segment:
         self.scope = scope  # a root's scope
         self.read = False  # resident and read by a batch since the one that admitted it
         self.evicted_read: bool | None = None  # a ghost once resident: whether it had been read when evicted
+        self.request = request  # a ghost: the one request that has seen it, or SEVERAL
+
+
+_Tail = tuple[bytes, int]  # a ghost tail: its ids, and the request that left it
 
 
 class _Tails:
-    """The ghost tails one lease left, as (parent, ids) in the order it left them; forgotten from the front. One
+    """The ghost tails one lease left, as (parent, tail) in the order it left them; forgotten from the front. One
     that a later walk reached is a segment since, and is no longer its parent's child."""
 
     __slots__ = ("parents", "tails")
 
     def __init__(self):
         self.parents: deque[_Segment] = deque()
-        self.tails: deque[bytes] = deque()
+        self.tails: deque[_Tail] = deque()
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Where a batch's sequences come from, for admission (`PrefixCache.lease`): `requests[s]` the request of
+    sequence s (an id >= 0 that the parts of one request share), `shared[s]` the length of that request's shared
+    prefix (its rows below are the item's own)."""
+
+    requests: np.ndarray  # (B,) int64
+    shared: np.ndarray  # (B,) int64
+
+    @classmethod
+    def of(cls, jobs: Sequence[TaskJob]) -> Origins:
+        """The origins of the concatenated sequences of `jobs` (each job's `origin` and `shared_len`)."""
+        counts = [len(job.sequences) for job in jobs]
+        return cls(np.repeat(np.array([job.origin for job in jobs], dtype=np.int64), counts),
+                   np.repeat(np.array([job.shared_len for job in jobs], dtype=np.int64), counts))
 
 
 _Step = tuple["_Segment", int, int, "_Segment | None", bytes]  # a walk's segment, its end, the cached prefix there,
@@ -174,6 +217,8 @@ class CacheLease:
 
     cache: PrefixCache
     sequences: list[bytes]  # (B,) each sequence's token ids, int32 bytes
+    requests: list[int]  # (B,) each sequence's request (`Origins`)
+    shared: list[int]  # (B,) the shared prefix of each sequence's request
     roots: list[_Segment]  # (B,) each sequence's scope's root
     matched: np.ndarray  # (B,) int64 leading tokens of each sequence whose rows are cached
     tips: list[_Segment | None]  # (B,) the segment where each cached prefix ends (None: nothing cached)
@@ -303,6 +348,7 @@ class PrefixCache:
         # same order
         self._read_rows = 0  # rows of the resident segments read back
         self._protected_rows = PROTECTED_SHARE * self.budget_rows  # rows read back kept before others
+        self._anonymous = SEVERAL - 1  # the next request id of a sequence given no origin (counting down)
 
     @property
     def budget_bytes(self) -> int:
@@ -328,16 +374,26 @@ class PrefixCache:
             self._protected_rows = PROTECTED_SHARE * self.budget_rows
 
     @contextmanager
-    def lease(self, input_ids: np.ndarray, cu_seqlens: np.ndarray,
-              scopes: Sequence[Hashable] | None = None) -> Iterator[CacheLease]:
+    def lease(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, scopes: Sequence[Hashable] | None = None,
+              origins: Origins | None = None) -> Iterator[CacheLease]:
         """Look the batch's sequences up (`input_ids` (N,), `cu_seqlens` (B+1,), `scopes` one per sequence or
         None), then admit what is seen the second time (all walks first, so that no admission evicts rows a later
         sequence of the batch reads), and hold the cache until the lease ends; admitted rows not committed by
-        then go back to ghosts."""
+        then go back to ghosts. `origins`: each sequence's request and its shared prefix, below which a row is
+        admitted only once two requests have seen it (module docstring); None: each sequence a request of its own
+        (every second sighting admits)."""
         num_sequences = int(cu_seqlens.shape[0]) - 1
         if scopes is not None and len(scopes) != num_sequences:
             raise ValueError(f"scopes has {len(scopes)} entries for {num_sequences} sequences: give one per "
                              f"sequence, or None")
+        if origins is None:
+            requests, shared = list(range(self._anonymous, self._anonymous - num_sequences, -1)), [0] * num_sequences
+            self._anonymous -= num_sequences
+        elif len(origins.requests) == len(origins.shared) == num_sequences and (origins.requests >= 0).all():
+            requests, shared = origins.requests.tolist(), origins.shared.tolist()
+        else:
+            raise ValueError(f"origins name {len(origins.requests)} requests (ids >= 0) and {len(origins.shared)} "
+                             f"shared lengths for {num_sequences} sequences: give one of each per sequence")
         with self._lease_lock:
             with self._tree_lock:
                 self._tick += 1
@@ -345,7 +401,8 @@ class PrefixCache:
                          else [self._root(scope) for scope in scopes])
             tokens, bounds = input_ids.astype(np.int32).tobytes(), (4 * cu_seqlens).tolist()
             sequences = [tokens[start:end] for start, end in zip(bounds, bounds[1:])]
-            lease = CacheLease(self, sequences, roots, np.zeros(num_sequences, dtype=np.int64), [None] * num_sequences)
+            lease = CacheLease(self, sequences, requests, shared, roots, np.zeros(num_sequences, dtype=np.int64),
+                               [None] * num_sequences)
             try:
                 with self._tree_lock:
                     self._ghosts[lease.tails] = None  # before every segment the lease walks: parents after tails
@@ -377,7 +434,7 @@ class PrefixCache:
             node, p, length = self._roots.get(scope), 0, len(seq) >> 2
             while node is not None and p < length:
                 child = node.children.get(seq[4 * p:4 * p + 4])
-                if child is None or child.__class__ is bytes or child.state == GHOST:
+                if child is None or child.__class__ is tuple or child.state == GHOST:
                     break
                 common = _common_length(child.ids, seq, p)
                 p += common
@@ -394,22 +451,28 @@ class PrefixCache:
     def _walk(self, lease: CacheLease, s: int, seen: dict[_Segment, int],
               trail: list[_Step]) -> tuple[int, _Segment | None]:
         """Walk sequence `s` down its tree, splitting where it leaves a segment, and remember its unseen tail as a
-        ghost; adds the ghosts on its path to `seen` and returns its cached prefix (length, tip).
+        ghost; adds the ghosts on its path to `seen`, each marked seen by its request, and returns its cached
+        prefix (length, tip).
 
         `trail` holds the previous sequence's walk: this one starts from the deepest segment of it whose path it
         shares (one C comparison a step back), so the prompt and query of a rerank's 1,000 documents are walked
-        once, not 1,000 times."""
-        seq = lease.sequences[s]
+        once, not 1,000 times (the ghosts it steps over marked seen by this sequence's request, where that
+        differs)."""
+        seq, request = lease.sequences[s], lease.requests[s]
         length = len(seq) >> 2
         while not seq.startswith(trail[-1][4]):
             trail.pop()
+        if s and request != lease.requests[s - 1]:
+            for segment, *_ in trail:
+                if segment.state == GHOST and segment.request != request:
+                    segment.request = SEVERAL
         node, p, matched, tip, _ = trail[-1]
         while p < length:
             first = seq[4 * p:4 * p + 4]
             child = node.children.get(first)
             if child is None:
                 break
-            if child.__class__ is bytes:  # a ghost tail, reached again
+            if child.__class__ is tuple:  # a ghost tail, reached again
                 child = self._promote(node, first, child, p)
             common = _common_length(child.ids, seq, p)
             if common < child.size and (p + common < length or child.state != RESIDENT):
@@ -418,6 +481,8 @@ class PrefixCache:
                 self._touch(child)
             if child.state != RESIDENT:
                 seen.setdefault(child, s)
+                if child.request != request:
+                    child.request = SEVERAL
             elif matched == p and self._continues(child, common, p + common == length):
                 matched, tip = p + common, child
                 self._mark_read(child)
@@ -429,7 +494,7 @@ class PrefixCache:
                 break
             trail.append((node, p, matched, tip, seq[:4 * p]))
         if p < length:  # the walk left the tree at `first`: the rest is a ghost tail
-            tail = seq[4 * p:]
+            tail = (seq[4 * p:], request)
             if node.children is _LEAF:
                 node.children = {}
             node.children[first] = tail
@@ -438,10 +503,10 @@ class PrefixCache:
             self._stats.ghost_tokens += length - p
         return matched, tip
 
-    def _promote(self, parent: _Segment, first: bytes, tail: bytes, depth: int) -> _Segment:
+    def _promote(self, parent: _Segment, first: bytes, tail: _Tail, depth: int) -> _Segment:
         """The ghost tail `tail` (first id `first`, at `depth`) of `parent` becomes a ghost segment, the most
         recent (its `_Tails` entry is skipped when forgotten)."""
-        segment = _Segment(tail, depth, parent, GHOST)
+        segment = _Segment(tail[0], depth, parent, GHOST, request=tail[1])
         parent.children[first] = segment
         self._ghosts[segment] = None
         return segment
@@ -458,7 +523,7 @@ class PrefixCache:
         walked it: no path is walked again."""
         for segment in [s for s in lease.refills if not self._reserve_bytes(self._end_bytes)]:
             del lease.refills[segment]
-        for segment in self._worth_a_copy(seen):
+        for segment in self._worth_a_copy(lease, seen):
             if segment.evicted_read is not None:
                 self._adapt(segment)
             if segment.parent.state == GHOST or not self._reserve(segment.size):
@@ -469,13 +534,15 @@ class PrefixCache:
             lease.admitted.append((seen[segment], segment.depth, segment.depth + segment.size))
             lease.pending.append(segment)
 
-    def _worth_a_copy(self, seen: dict[_Segment, int]) -> list[_Segment]:
-        """The seen ghosts of at least `min_leaf_rows` rows, and those on the path to one (module docstring),
+    def _worth_a_copy(self, lease: CacheLease, seen: dict[_Segment, int]) -> list[_Segment]:
+        """The seen ghosts of at least `min_leaf_rows` rows that start inside the shared prefix of the first
+        sequence that walked them or that two requests have seen, and those on the path to one (module docstring),
         parents first."""
         parents_first = sorted(seen, key=_depth)
         wanted: set[_Segment] = set()
         for segment in reversed(parents_first):
-            if segment.size >= self.min_leaf_rows or segment in wanted:
+            if segment in wanted or (segment.size >= self.min_leaf_rows and (
+                    segment.request == SEVERAL or segment.depth < lease.shared[seen[segment]])):
                 wanted.update((segment, segment.parent))
         return [segment for segment in parents_first if segment in wanted]
 
@@ -529,6 +596,7 @@ class PrefixCache:
         del self._resident[segment]
         self._unread.pop(segment, None)
         segment.evicted_read = segment.read
+        segment.request = SEVERAL  # admitted once: its next sighting admits it again
         if segment.read:
             segment.read = False
             self._read_rows -= segment.size
@@ -543,7 +611,7 @@ class PrefixCache:
     def _split(self, segment: _Segment, at: int) -> _Segment:
         """Cut `segment` after its first `at` rows; returns the upper part (a new segment), the lower keeps its
         children. A resident segment's K/V and states are copied into two tensors, so each part owns its memory."""
-        upper = _Segment(segment.ids[:4 * at], segment.depth, segment.parent, segment.state)
+        upper = _Segment(segment.ids[:4 * at], segment.depth, segment.parent, segment.state, request=segment.request)
         upper.parent.children[upper.ids[:4]] = upper
         upper.children = {segment.ids[4 * at:4 * at + 4]: segment}
         upper.tick, upper.read, upper.evicted_read = segment.tick, segment.read, segment.evicted_read
@@ -626,9 +694,9 @@ class PrefixCache:
         parents, ids, stats = tails.parents, tails.tails, self._stats
         while ids and stats.ghost_tokens > self.ghost_limit:
             parent, tail = parents.popleft(), ids.popleft()
-            first = tail[:4]
+            first = tail[0][:4]
             if parent.children.get(first) is tail:  # else reached again: a segment since
-                stats.ghost_tokens -= len(tail) >> 2
+                stats.ghost_tokens -= len(tail[0]) >> 2
                 self._unlink(parent, first)
         if not ids:
             del self._ghosts[tails]
@@ -699,4 +767,4 @@ def _depth(segment: _Segment) -> int:
 
 
 def _holds_rows_below(segment: _Segment) -> bool:
-    return any(child.__class__ is not bytes and child.state != GHOST for child in segment.children.values())
+    return any(child.__class__ is not tuple and child.state != GHOST for child in segment.children.values())

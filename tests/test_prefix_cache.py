@@ -11,7 +11,17 @@ import torch
 from radix_core import prefix_cache
 from radix_core.cached_rows import RowShape
 from radix_core.cascade import concat_ranges
-from radix_core.prefix_cache import GHOST, MIN_LEAF_ROWS, PENDING, RESIDENT, PrefixCache, _Segment, cache_budget
+from radix_core.prefix_cache import (
+    GHOST,
+    MIN_LEAF_ROWS,
+    PENDING,
+    RESIDENT,
+    SEVERAL,
+    Origins,
+    PrefixCache,
+    _Segment,
+    cache_budget,
+)
 
 SHAPE = RowShape(layers=2, kv_heads=1, head_dim=2, hidden=3, dtype=torch.float64, device=torch.device("cpu"))
 ROW = SHAPE.bytes  # (2 x 2 x 1 x 2 + 3) x 8 = 88 bytes
@@ -27,12 +37,15 @@ def code(history: np.ndarray) -> float:
     return float(sum((int(t) + 1) * 31.0 ** i for i, t in enumerate(history)) % 1_000_003) + len(history) / 1000
 
 
-def run(cache: PrefixCache, sequences: list[list[int]], scopes=None) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """One batch through `cache`: checks every cached row it reads, then commits its admissions with their codes.
-    Returns (matched lengths, admissions)."""
+def run(cache: PrefixCache, sequences: list[list[int]], scopes=None,
+        requests: list[int] | None = None, shared: int = 0) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """One batch through `cache` (`requests`: each sequence's request, all with `shared` shared ids; None: no
+    origins): checks every cached row it reads, then commits its admissions with their codes. Returns (matched
+    lengths, admissions)."""
     seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
     cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-    with cache.lease(np.concatenate(seqs), cu, scopes) as lease:
+    origins = None if requests is None else Origins(np.array(requests), np.full(len(requests), shared))
+    with cache.lease(np.concatenate(seqs), cu, scopes, origins) as lease:
         matched = lease.matched.copy()
         past = lease.past(matched)
         if past is not None:
@@ -57,19 +70,20 @@ def run(cache: PrefixCache, sequences: list[list[int]], scopes=None) -> tuple[li
 
 def segments(cache: PrefixCache):
     """Every segment below the roots, with the ids from its root to its end (ghost tails not included)."""
-    return [(node, history) for node, history in nodes(cache) if not isinstance(node, bytes)]
+    return [(node, history) for node, history in nodes(cache) if not isinstance(node, tuple)]
 
 
 def nodes(cache: PrefixCache):
-    """Every segment and ghost tail (its ids) below the roots, with the ids from its root to its end."""
+    """Every segment and ghost tail ((its ids, its request)) below the roots, with the ids from its root to its
+    end."""
     stack = [(root, np.zeros(0, dtype=np.int64)) for root in cache._roots.values()]
     while stack:
         node, history = stack.pop()
         for child in node.children.values():
-            ids = child if isinstance(child, bytes) else child.ids
+            ids = child[0] if isinstance(child, tuple) else child.ids
             path = np.concatenate([history, np.frombuffer(ids, dtype=np.int32)])
             yield child, path
-            if not isinstance(child, bytes):
+            if not isinstance(child, tuple):
                 stack.append((child, path))
 
 
@@ -79,8 +93,8 @@ def check_tree(cache: PrefixCache) -> None:
     stats = cache.stats()
     resident = ghost = 0
     for seg, history in nodes(cache):
-        if isinstance(seg, bytes):
-            ghost += len(seg) // 4
+        if isinstance(seg, tuple):
+            ghost += len(seg[0]) // 4
             continue
         assert seg.state in (RESIDENT, GHOST)  # nothing pending between leases
         assert seg.depth == len(history) - seg.size
@@ -154,6 +168,54 @@ def test_a_history_seen_once_stays_a_ghost_until_seen_again():
     assert run(cache, [conversation + [9, 10]]) == ([0], [(0, 0, 4)])  # the next turn: its history seen twice
     assert run(cache, [conversation + [9, 10, 11]]) == ([4], [(0, 4, 6)])
     assert run(cache, [conversation + [9, 10]]) == ([6], [])  # a duplicate: all of it cached
+
+
+def test_an_item_s_own_rows_are_admitted_once_a_second_request_has_them():
+    """Rows below a request's shared prefix that only its own sequences share (documents that open alike, in one
+    batch or in its later parts) stay ghosts: no copy, no read that costs more than it saves. A second request
+    with them admits them, in a later batch or the same one; the shared prefix is admitted on any second
+    sighting, so the request's later parts read it."""
+    cache = cache_of(1000 * ROW)
+    prompt, opening = list(range(100, 106)), [7, 7, 7]
+    part = [prompt + opening + [1], prompt + opening + [2], prompt + [8]]
+    assert run(cache, part, requests=[5, 5, 5], shared=6) == ([0, 0, 0], [(2, 0, 6)])  # the prompt, not the opening
+    assert run(cache, [prompt + opening + [3]], requests=[5], shared=6) == ([6], [])  # its next part
+    assert run(cache, [prompt + opening + [4]], requests=[9], shared=6) == ([6], [(0, 6, 9)])  # another request
+    assert run(cache, [prompt + [5, 5, 5, 1], prompt + [5, 5, 5, 2]], requests=[11, 12], shared=6) == \
+        ([6, 6], [(1, 6, 9)])  # two requests in one batch
+    assert run(cache, [prompt + [5, 5, 5, 3]], requests=[11], shared=6) == ([9], [])
+
+
+def test_a_ghost_a_sequence_steps_over_counts_its_request():
+    """A sequence resumes its walk below the previous one's path (`trail`): the ghosts on that shared path are seen
+    by its request too, and admitted when it differs."""
+    cache = cache_of(1000 * ROW)
+    prompt = list(range(100, 106))
+    run(cache, [prompt + [6, 6, 6, 1], prompt + [6, 6, 6, 2], prompt + [8]], requests=[20, 20, 20], shared=6)
+    assert run(cache, [prompt + [6, 6, 6, 3], prompt + [6, 6, 6, 4]], requests=[20, 21], shared=6) == \
+        ([6, 6], [(0, 6, 9)])
+
+
+def test_an_evicted_segment_is_admitted_by_its_next_sighting_whoever_sees_it():
+    """A segment admitted with a shared prefix (it started inside it), split below the prefix and evicted, is seen
+    again by the request that first saw it: admitted, as every evicted segment is at its next sighting."""
+    cache = cache_of(9 * ROW)
+    prompt, opening = list(range(100, 106)), [7, 7, 7]
+    assert run(cache, [prompt + opening + [1], prompt + opening + [2]], requests=[5, 5], shared=6)[1] == [(1, 0, 9)]
+    assert run(cache, [prompt + [8], prompt + [8]], requests=[6, 7], shared=6) == ([6, 6], [(1, 6, 7)])
+    evicted = next(seg for seg, history in segments(cache) if history[-3:].tolist() == opening)
+    assert evicted.state == GHOST and evicted.request == SEVERAL
+    assert run(cache, [prompt + opening + [3]], requests=[5], shared=6) == ([6], [(0, 6, 9)])
+
+
+def test_origins_give_one_request_and_shared_length_per_sequence():
+    cache = cache_of(100 * ROW)
+    ids, cu = np.arange(6), np.array([0, 3, 6])
+    for origins in (Origins(np.array([1]), np.array([0, 0])), Origins(np.array([1, -3]), np.array([0, 0]))):
+        with pytest.raises(ValueError, match="origins name .* for 2 sequences: give one of each per sequence"):
+            with cache.lease(ids, cu, origins=origins):
+                pass
+    check_tree(cache)
 
 
 def test_duplicates_in_one_batch_are_the_second_sighting():

@@ -16,7 +16,7 @@ from radix_core.cached_forward import past_blocks
 from radix_core.cached_rows import CachedPrefix, RowShape
 from radix_core.engine import Engine
 from radix_core.prefix_cache import PrefixCacheStats
-from radix_core.tasks import TaskConfig
+from radix_core.tasks import RerankRequest, TaskConfig, task_for
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
 
 FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next"]
@@ -214,6 +214,32 @@ def test_tasks_equal_recomputation(engines, family, task):
                                    **tolerance(family))
     assert engine.prefix_cache.stats().hit_tokens > 0
     assert got[-1].usage.computed_tokens < want[-1].usage.computed_tokens  # the cache saved rows
+
+
+def test_documents_that_open_alike_are_cached_once_a_second_request_sends_them(engines):
+    """A rerank cut into parts run as two batches, as the served path runs a Cohere-size request, whose documents
+    open alike: only its prompt and query enter the cache (the second batch reads them), not the openings its
+    own documents share; the same documents in the next request are cached, and read by the one after; every
+    score equals the cache-off engine's."""
+    engine, reference = engines("qwen3", "causal_lm", "full"), engines("qwen3", "causal_lm", "full", cache_rows=0)
+    opening = "The Great Barrier Reef is the largest coral reef system in the world. "
+    docs = [opening + "It lies off Queensland.", opening + "It is visible from space.", "Bread is baked.",
+            opening + "Corals spawn.", "Canberra is the capital.", opening + "Tourism is big there."]
+    task = task_for(RerankRequest(query="reef facts", documents=docs))
+    inserted = []
+    for _ in range(3):
+        job = task.encode(engine.context, RerankRequest(query="reef facts", documents=docs))
+        partials = engine.run_jobs([job.select(0, 3)]) + engine.run_jobs([job.select(3, 6)])
+        got, want = task.merge(job, partials), reference.rerank("reef facts", docs)
+        assert [h.index for h in got.results] == [h.index for h in want.results]
+        np.testing.assert_allclose([h.score for h in got.results], [h.score for h in want.results], **TOL)
+        inserted.append(engine.prefix_cache.stats().inserted_tokens)
+    first = job.select(0, 3).sequences.tolists()
+    common = next(p for p in range(len(first[0])) if len({tuple(ids[:p + 1]) for ids in first}) > 1)
+    assert common < job.shared_len + 10 and inserted[0] == common  # the first request: its prompt, query, and
+    # what the first batch's documents all start with (a space); not the opening two of them share
+    assert inserted[1] > inserted[0] + len(docs) and inserted[2] == inserted[1]  # its documents, seen again
+    assert got.usage.cached_tokens == job.num_tokens and got.usage.computed_tokens == 0  # the third reads them all
 
 
 def test_items_one_by_one_equal_the_batch_with_the_cache_warm(engines):

@@ -23,6 +23,8 @@ from serving import GrpcDeployment, held_compute, wait_for
 
 from deployments.auth import SCOPE_DIGEST_BYTES, ApiKeys, cache_scope
 from deployments.http.service import CACHED_TOKENS_HEADER
+from radix_core.engine import Engine
+from radix_core.tasks import RerankRequest, task_for
 from radixserve.v1 import scoring_pb2 as pb
 from radixserve.v1.scoring_pb2_grpc import ScoringStub
 
@@ -164,6 +166,38 @@ def test_the_replica_counts_what_the_answers_read_from_its_cache(app):
     assert after["computed_tokens"] - before["computed_tokens"] == reply.usage.computed_tokens
     assert after["input_tokens"] - before["input_tokens"] == reply.usage.input_tokens
     assert 0 < after["prefix_cache"]["bytes"] <= after["prefix_cache"]["budget_bytes"] == after["prefix_cache_bytes"]
+
+
+@pytest.mark.serve
+@pytest.mark.timeout(300)
+def test_documents_that_open_alike_are_cached_once_a_second_request_sends_them(app, tiny_model_dir):
+    """Rows below a request's prompt and query that only its own documents share (their first sentence) stay out
+    of the replica's cache (`PrefixCache`'s second request); the same documents sent by a second request enter it,
+    and a third request reads them all."""
+    app.use("key")
+    opening = "Opening. The Great Barrier Reef is the largest coral reef system in the world. "
+    documents = [opening + f"Fact number {i}." for i in range(4)] + ["Bread is baked in an oven."]
+    query = "facts about the reef"
+    engine = Engine.from_pretrained(str(tiny_model_dir("qwen3", "causal_lm")), device="cpu", prefix_cache_bytes=0)
+    request = RerankRequest(query=query, documents=documents)
+    sequences = task_for(request).encode(engine.context, request).sequences.tolists()
+    common = next(p for p in range(min(map(len, sequences))) if len({tuple(s[:p + 1]) for s in sequences}) > 1)
+    rows = len({tuple(s[:p + 1]) for s in sequences for p in range(len(s))})  # the request's distinct rows
+
+    def inserted_by_a_request() -> tuple[int, pb.RerankResponse]:
+        before = engine_info()["prefix_cache"]["inserted_tokens"]
+        reply = ScoringStub(app.channel).Rerank(pb.RerankRequest(query=query, documents=documents), timeout=60,
+                                                metadata=bearer(KEY_A))
+        return engine_info()["prefix_cache"]["inserted_tokens"] - before, reply
+
+    first, reply = inserted_by_a_request()
+    assert reply.usage.input_tokens == sum(map(len, sequences))  # the server encodes as this engine does
+    read = reply.usage.cached_tokens // len(documents)  # a part of the template, cached by an earlier test
+    assert first == common - read  # the prompt and query, not the opening four documents share
+    second, _ = inserted_by_a_request()
+    assert second == rows - common
+    third, reply = inserted_by_a_request()
+    assert third == 0 and reply.usage.computed_tokens == 0
 
 
 @pytest.mark.serve

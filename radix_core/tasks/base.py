@@ -15,9 +15,10 @@ A job holds token ids (`TokenSequences`), never text the engine would tokenize a
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -52,10 +53,12 @@ class HeadQuery:
 class TaskJob:
     """One request (or a part of one), validated and tokenized; picklable. Every sequence starts with the
     request's `shared_len` shared ids, the prefix the routing key hashes. The split unit is an *item*; by default
-    item i is sequence i (a document, a text)."""
+    item i is sequence i (a document, a text). `origin` names the request: drawn when it is encoded, kept by its
+    parts (the prefix cache admits an item's own rows once a second request has them, `radix_core.prefix_cache`)."""
 
     sequences: TokenSequences
     shared_len: int
+    origin: int = field(default_factory=lambda: int.from_bytes(os.urandom(8)) >> 1, compare=False, kw_only=True)
 
     @property
     def num_tokens(self) -> int:
