@@ -16,7 +16,8 @@ added, stays below its home by a margin: `least + key < home - MARGIN * mean`. S
 replicas' squared work (by `2 * key * (home - least - key)`), so keys settle rather than swing; each costs the key's
 prefix once on its new home. A key seen for the first time goes to its ring owner, so the routers of several ingress
 replicas agree on it until one of them moves it (each moves keys on its own view; a key two of them placed apart is
-cached on both).
+cached on both). A key's home **holds** its prefix once a request of the key has gone there (`holds`): until then,
+as after each move, the home's prefix cache does not have it, and the key's next request there computes it.
 
 Pure logic, no Ray: `deployments.router` asks it for a key's home and tells it where each request went.
 """
@@ -54,6 +55,7 @@ class _Decayed:
 class _Key:
     home: str
     work: _Decayed
+    held: bool = False  # a request of the key went to `home` since it became the key's home
 
 
 class KeyHomes:
@@ -77,7 +79,7 @@ class KeyHomes:
             if len(self._keys) > self.max_keys:
                 self._keys.popitem(last=False)
         elif entry.home not in ring_order:
-            entry.home = ring_order[0]
+            entry.home, entry.held = ring_order[0], False
         self._keys.move_to_end(key)
         work = {replica: self._work(replica) for replica in ring_order}
         least = min(ring_order, key=work.__getitem__)  # ties: ring order
@@ -86,7 +88,7 @@ class KeyHomes:
         if own > 0 and work[least] + own < work[entry.home] - self.margin * mean:
             self._replicas[entry.home].value = max(work[entry.home] - own, 0.0)
             self._replicas.setdefault(least, _Decayed()).add(own, self._clock, self.half_life)
-            entry.home = least
+            entry.home, entry.held = least, False
             return least, True
         return entry.home, False
 
@@ -95,6 +97,11 @@ class KeyHomes:
         entry = self._keys.get(key)
         return entry.home if entry is not None else None
 
+    def holds(self, key: str, replica: str) -> bool:
+        """Whether `replica` is the key's home and a request of the key has gone there since it became its home."""
+        entry = self._keys.get(key)
+        return entry is not None and entry.home == replica and entry.held
+
     def routed(self, key: str | None, replica: str, work: float) -> None:
         """A request went to `replica` bringing `work` there; it counts for `key` when `replica` is the key's home."""
         self._clock += 1
@@ -102,6 +109,7 @@ class KeyHomes:
         entry = self._keys.get(key) if key is not None else None
         if entry is not None and entry.home == replica:
             entry.work.add(work, self._clock, self.half_life)
+            entry.held = True
 
     @property
     def replicas(self) -> set[str]:

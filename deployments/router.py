@@ -17,18 +17,22 @@ key is ranked least-loaded first; a call without an `EngineRequest` weighs one t
 
 **Keys stay where their K/V live.** With `prefix_cache` (the engine replicas keep a prefix cache,
 `radix_core.prefix_cache`), a key's owner (its home, below) holds the key's shared prefix from the key's first
-request there on, so a request there computes only its own rows: its load on the owner is its `cost` less its
-`prefix_cost`, on any other replica its whole `cost`. Loads are then what the devices compute, and the owner of a
-hot key takes its requests until its real outstanding work passes the bound; counting the prefix on the owner too
-made it look fuller than it was and spilled requests to a replica that computes the prefix again
-(bench/results/prefix_cache_bench.md). Without a cache the owner computes the prefix again in each batch, so every
-request counts its whole cost. And a spill off the owner costs that prefix again, so with a cache the owner takes a
-request until its load passes the bound by more than the request's `prefix_cost` (`HashRing.rank`'s `owner_slack`):
-a few-shot prompt of 1,024 rows stays with the replica that holds it unless the imbalance is larger than the prompt,
-while an 8-document rerank's prefix of ~60 rows spills as the plain bound says. So that a few hot keys do not leave
-one replica with more of them than the other, with a prefix cache the key's owner is its home in `KeyHomes`
-(`deployments.key_homes`): its ring owner at first, moved to the replica with the least recent work when that evens
-the replicas' work out; without a cache every key stays on its ring owner.
+request there on, so a later request there computes only its own rows: its load on the owner is its `cost` less its
+`prefix_cost`, on any other replica (and for the key's first request on its owner) its whole `cost`. Loads are then
+what the devices compute, and the owner of a hot key takes its requests until its real outstanding work passes the
+bound; counting the prefix on the owner too made it look fuller than it was and spilled requests to a replica that
+computes the prefix again (bench/results/prefix_cache_bench.md). Without a cache the owner computes the prefix again
+in each batch, so every request counts its whole cost. And a spill off the owner costs that prefix again, so with a
+cache an owner that holds the prefix takes a request until its load passes the bound by more than the request's
+`prefix_cost` (`HashRing.rank`'s `owner_slack`): a few-shot prompt of 1,024 rows stays with the replica that holds
+it unless the imbalance is larger than the prompt, while an 8-document rerank's prefix of ~60 rows spills as the
+plain bound says. A key's first request is counted whole and gets no slack: its prefix is nowhere yet. Counted
+without its prompt, every request of `bench/prefix_cache_bench.py`'s `no reuse` stream (a new prompt each) weighed a
+sixth of its work on its owner and could pass the bound by its prompt: the busier of the two replicas did 0.60 of
+the work (0.50 without the cache), and the stream ran at 0.78-0.82x of the cache-off rate. So that a few hot keys do
+not leave one replica with more of them than the other, with a prefix cache the key's owner is its home in
+`KeyHomes` (`deployments.key_homes`): its ring owner at first, moved to the replica with the least recent work when
+that evens the replicas' work out; without a cache every key stays on its ring owner.
 
 Each handle owns one router (one per ingress replica), so loads are this router's view: the tokens it routed
 that have not completed. Ray's own queue-length cache adds the replicas' view: a replica the cache says is at
@@ -135,9 +139,9 @@ class PrefixAffinityRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         key = request_key(pending_request.args)
         if key is not None:
+            home = self._place(key)
             order = self._ring.rank(key, self._loads, self._load_factor, request_weight(pending_request.args),
-                                    self._min_load_tokens, self._owner_slack(pending_request.args),
-                                    self._place(key))
+                                    self._min_load_tokens, self._owner_slack(pending_request.args, key, home), home)
         else:
             order = self._ring.least_loaded(pending_request.metadata.internal_request_id, self._loads)
         ranked = [by_id[i] for i in order if i in by_id]
@@ -163,11 +167,13 @@ class PrefixAffinityRouter(RequestRouter):
         home = self._homes.current(key) if self._prefix_cache else None
         return home if home in self._ring.members else next(iter(self._ring.walk(key)), None)
 
-    def _owner_slack(self, args: Sequence[Any]) -> float:
-        """How far past its bounded share a key's owner still takes the request: with a prefix cache, the prefix rows
-        a spill would compute again on another replica; without one, nothing (every replica computes them)."""
+    def _owner_slack(self, args: Sequence[Any], key: str, home: str | None) -> float:
+        """How far past its bounded share a key's owner (`home`) still takes the request: with a prefix cache and the
+        prefix held there, the prefix rows a spill would compute again on another replica; else nothing (every
+        replica computes them)."""
         request = engine_request(args)
-        return float(request.prefix_cost) if self._prefix_cache and request is not None else 0.0
+        held = self._prefix_cache and home is not None and self._homes.holds(key, home)
+        return float(request.prefix_cost) if held and request is not None else 0.0
 
     def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata=None) -> None:
         """Hand `replica` to the oldest unfulfilled request with the routed request's internal id.
@@ -191,7 +197,7 @@ class PrefixAffinityRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
         """Count the request's tokens against the replica until `result` completes (with a prefix cache, its prefix
-        not on the key's owner); export where its key went.
+        not on the key's owner once the key has been there); export where its key went.
 
         Released by `result`'s own done callback, not by `on_request_completed`: Ray registers the call's completion
         callback before it awaits the replica's acceptance and calls this hook after, so a call that finishes in the
@@ -203,7 +209,8 @@ class PrefixAffinityRouter(RequestRouter):
         owner = self._owner(key) if key is not None else None
         if owner is not None:
             self.metrics.routed(key, replica, owner)
-        tokens = request_weight(pending_request.args, self._prefix_cache and owner == replica)
+        held = self._prefix_cache and owner == replica and self._homes.holds(key, replica)
+        tokens = request_weight(pending_request.args, held)
         self._loads[replica] = self._loads.get(replica, 0.0) + tokens
         if self._prefix_cache:
             self._homes.routed(key, replica, tokens)

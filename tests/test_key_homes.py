@@ -63,3 +63,18 @@ def test_the_least_recently_routed_keys_are_forgotten_past_max_keys():
     orders = {k: ["r0", "r1"] for k in "abcd"}
     route(homes, orders, list("abcd"))
     assert homes.current("a") is None and all(homes.current(k) == "r0" for k in "bcd")
+
+
+def test_a_home_holds_a_key_once_a_request_of_it_went_there_and_not_after_the_key_moves():
+    homes = KeyHomes()
+    orders = {k: ["r0", "r1"] for k in "abc"} | {"d": ["r1", "r0"]}
+    assert homes.home("a", orders["a"]) == ("r0", False) and not homes.holds("a", "r0")
+    homes.routed("a", "r1", WORK)  # a spill: not its home
+    assert not homes.holds("a", "r0") and not homes.holds("a", "r1")
+    homes.routed("a", "r0", WORK)
+    assert homes.holds("a", "r0") and not homes.holds("a", "r1") and not homes.holds("b", "r0")
+    route(homes, orders, list("abcd") * 400)  # one of a, b, c moves to r1 (the test above)
+    moved = next(k for k in "abc" if homes.current(k) == "r1")
+    assert homes.holds(moved, "r1")  # its requests went to its new home since
+    home, _ = homes.home(moved, ["r0"])  # its home left: back to r0, where it is not held until a request arrives
+    assert home == "r0" and not homes.holds(moved, "r0")

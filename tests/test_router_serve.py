@@ -101,10 +101,11 @@ def test_min_load_tokens_keeps_a_burst_together():
 
 
 def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
-    """A few-shot request of 1,200 rows of which 1,000 are its prompt: 200 on the key's owner (its prefix cache holds
-    the prompt), 1,200 anywhere else. Counted whole on the owner, 4 such requests there would spill the fifth to a
-    replica that computes the prompt again; counted as the device computes them, they stay. Without a prefix cache
-    the owner computes the prompt again, and every request counts whole."""
+    """A few-shot request of 1,200 rows of which 1,000 are its prompt: 200 on the key's owner once the key's first
+    request has gone there (its prefix cache holds the prompt), 1,200 anywhere else and for that first request.
+    Counted whole on the owner, 4 such requests there would spill the fifth to a replica that computes the prompt
+    again; counted as the device computes them, they stay. Without a prefix cache the owner computes the prompt
+    again, and every request counts whole."""
     async def main():
         plain = make_router([FakeReplica("rep0"), FakeReplica("rep1")])
         owner = (await ranked_ids(plain, pending("few-shot", 1200, prefix_cost=1000)))[0]
@@ -117,10 +118,11 @@ def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
         router = make_router([FakeReplica("rep0"), FakeReplica("rep1")], prefix_cache=True)
         other = ({"rep0", "rep1"} - {owner}).pop()
         for i in range(4):
+            assert (await ranked_ids(router, pending("few-shot", 1200, f"q{i}", 1000)))[0] == owner
             router.on_request_routed(pending("few-shot", 1200, f"q{i}", 1000), ReplicaID(owner, DEPLOYMENT),
                                      CallResult())
         router.on_request_routed(pending(None, 1200, "keyless"), ReplicaID(other, DEPLOYMENT), CallResult())
-        assert router.loads == {owner: 800.0, other: 1200.0}
+        assert router.loads == {owner: 1200.0 + 3 * 200.0, other: 1200.0}  # the first computes the prompt
         assert (await ranked_ids(router, pending("few-shot", 1200, "q4", 1000)))[0] == owner
         router.on_request_routed(pending("few-shot", 1200, "spilled", 1000), ReplicaID(other, DEPLOYMENT),
                                  CallResult())
@@ -129,7 +131,7 @@ def test_a_keys_owner_counts_its_requests_without_the_prefix_it_holds_cached():
         router.on_request_routed(pending("few-shot", 1200, "q5", 1000), ReplicaID(owner, DEPLOYMENT), first)
         first.finish()
         await asyncio.sleep(0)
-        assert router.loads[owner] == 800.0
+        assert router.loads[owner] == 1800.0
 
     asyncio.run(main())
 
@@ -139,14 +141,23 @@ def test_with_a_prefix_cache_a_keys_owner_passes_the_bound_by_the_prefix_a_spill
     tokens of other work, the other replica none. The bound is 1.25 x (held + 1,200) / 2: 2,250 with 2,400 held,
     3,875 with 5,000. Without a prefix cache every replica computes the prompt, so the request spills as soon as the
     owner is over the bound; with one, a spill computes the prompt again, so the owner takes the request until it is
-    over the bound by more than the prompt's 1,000 rows."""
+    over the bound by more than the prompt's 1,000 rows, once it holds the prompt (a request of the key went there
+    and finished): before that, a spill costs nothing the owner has, and the plain bound holds."""
     async def main():
-        for prefix_cache, held, stays in ((False, 2400, False), (True, 2400, True), (True, 5000, False)):
+        for prefix_cache, sent, held, stays in ((False, True, 2400, False), (True, True, 2400, True),
+                                                (True, True, 5000, False), (True, False, 2400, False)):
             router = make_router([FakeReplica("rep0"), FakeReplica("rep1")], prefix_cache=prefix_cache)
             owner = (await ranked_ids(router, pending("few-shot", 1200, prefix_cost=1000)))[0]
+            if sent:  # and as much finished work on the other replica, so that the key does not move (KeyHomes)
+                other = ({"rep0", "rep1"} - {owner}).pop()
+                for replica, work in ((owner, pending("few-shot", 1200, "first", 1000)), (other, pending(None, held))):
+                    done = CallResult()
+                    router.on_request_routed(work, ReplicaID(replica, DEPLOYMENT), done)
+                    done.finish()
+                await asyncio.sleep(0)
             router.on_request_routed(pending(None, held, "other work"), ReplicaID(owner, DEPLOYMENT), CallResult())
             ranked = await ranked_ids(router, pending("few-shot", 1200, "next", 1000))
-            assert (ranked[0] == owner) is stays, (prefix_cache, router.loads, ranked)
+            assert (ranked[0] == owner) is stays, (prefix_cache, sent, router.loads, ranked)
 
     asyncio.run(main())
 
