@@ -56,23 +56,22 @@ whoever sees it. Without origins (`Engine.forward`, the cache alone) each sequen
 **Eviction.** Least recently used first, one whole segment at a time, only segments without cached segments below
 them (evicting one may expose its parent); never one this lease uses. Segments read back by a later batch (`read`)
 are kept over those never read back while they hold at most a target number of rows, at first `PROTECTED_SHARE` of
-the budget: a few-shot prompt read by every request of its own is not pushed out by rows admitted after it and
-never read back (without origins, the inputs those requests admit), newer though they are. `bench/cache_eviction.py`
-feeds the cache alone, without origins, one replica's share of the few-shot stream (a budget of 14,563 rows, prompts
-of 1,024):
-holding 10 prompts it missed one it held 0 times in 360 requests against 12 least recently used first, holding 11
-prompts 4 against 31, holding 12, 25 against 42. The target adapts as in ARC (Megiddo and Modha, "ARC: A Self-
-Tuning, Low Overhead Replacement Cache", FAST 2003): an evicted segment seen again raises it by its rows if it had
-been read back, and lowers it if not, so prompts that are no longer sent give way to new ones that were evicted
+the budget: a few-shot prompt read by every request of its own is not pushed out by rows admitted after it and never
+read back (without origins, the inputs those requests admit), newer though they are. `bench/cache_eviction.py` feeds
+the cache alone, without origins, one replica's share of the few-shot stream (a budget of 14,563 rows, prompts of
+1,024): holding 10 prompts it missed one it held 0 times in 360 requests against 12 least recently used first,
+holding 11 prompts 4 against 31, holding 12, 25 against 42. The target adapts as in ARC (Megiddo and Modha, "ARC: A
+Self-Tuning, Low Overhead Replacement Cache", FAST 2003): an evicted segment seen again raises it by its rows if it
+had been read back, and lowers it if not, so prompts that are no longer sent give way to new ones that were evicted
 before their second request (8 prompts replaced by 8 new ones: 8 misses in 300 requests after the change, against 1
 least recently used first; 24 with the target fixed, in a scratch run; a first target of 0.5 kept too few prompts,
-18 misses holding 11, and 1.0 gave way slowest, 17). An evicted segment becomes a ghost, so the next sighting of
-its prefix admits it again. The bytes held, pending rows included, never pass the budget (a segment split copies
-its K/V once, briefly holding both); an admission that cannot be made room for is skipped. Recency is kept by
-ordered dicts (the resident segments, those of them never read back, the ghosts) with every segment after its
-descendants (and after the `_Tails` entries of the ghost tails below it), so the eviction scan finds the least
-recently used segment without cached segments below it at or near the front of the resident or the never read back,
-and a ghost is forgotten only once nothing hangs below it.
+18 misses holding 11, and 1.0 gave way slowest, 17). An evicted segment becomes a ghost, so the next sighting of its
+prefix admits it again. The bytes held, pending rows included, never pass the budget (a segment split copies its K/V
+once, briefly holding both); an admission that cannot be made room for is skipped. Recency is kept by ordered dicts
+(the resident segments, those of them never read back, the ghosts) with every segment after its descendants (and
+after the `_Tails` entries of the ghost tails below it), so the eviction scan finds the least recently used segment
+without cached segments below it at or near the front of the resident or the never read back, and a ghost is
+forgotten only once nothing hangs below it.
 
 **Hybrid models** (Gated DeltaNet layers, `RowShape.ends`): a segment also holds, at its end, each recurrent
 layer's state and convolution tail (`end`), counted against the budget with its rows. A sequence continues a cached
