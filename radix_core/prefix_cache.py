@@ -385,15 +385,17 @@ class PrefixCache:
         if scopes is not None and len(scopes) != num_sequences:
             raise ValueError(f"scopes has {len(scopes)} entries for {num_sequences} sequences: give one per "
                              f"sequence, or None")
-        if origins is None:
-            requests, shared = list(range(self._anonymous, self._anonymous - num_sequences, -1)), [0] * num_sequences
-            self._anonymous -= num_sequences
-        elif len(origins.requests) == len(origins.shared) == num_sequences and (origins.requests >= 0).all():
-            requests, shared = origins.requests.tolist(), origins.shared.tolist()
-        else:
+        if origins is not None and not (len(origins.requests) == len(origins.shared) == num_sequences
+                                        and (origins.requests >= 0).all()):
             raise ValueError(f"origins name {len(origins.requests)} requests (ids >= 0) and {len(origins.shared)} "
                              f"shared lengths for {num_sequences} sequences: give one of each per sequence")
         with self._lease_lock:
+            if origins is None:
+                requests = list(range(self._anonymous, self._anonymous - num_sequences, -1))
+                shared = [0] * num_sequences
+                self._anonymous -= num_sequences
+            else:
+                requests, shared = origins.requests.tolist(), origins.shared.tolist()
             with self._tree_lock:
                 self._tick += 1
                 roots = ([self._root(None)] * num_sequences if scopes is None
