@@ -1,6 +1,6 @@
 """The two transports of a rerank request as the host-path benchmark sees them, one object each: what the client
 sends (`wire`, untimed), what the ingress does with it before and after the request path (`decode`, `encode`: the
-functions the server runs), and a client of the served application (`client`, with an API key or none).
+functions the server runs), and a client of the served application (`client`, presenting an API key).
 
 * gRPC (`radixserve.v1.Scoring/Rerank` through Ray's gRPC proxy): the message parsed by its generated class and
   turned into a `RerankRequest` by `deployments.grpc_codec.from_pb`; the result back by `to_pb`, serialized.
@@ -41,7 +41,7 @@ class Grpc:
         return grpc_codec.to_pb(RERANK, result).SerializeToString()
 
     @contextmanager
-    def client(self, grpc_port: int, http_port: int, api_key: str | None = None) -> Iterator[Callable[[dict], int]]:
+    def client(self, grpc_port: int, http_port: int, api_key: str) -> Iterator[Callable[[dict], int]]:
         """A call that sends one request and returns its input tokens."""
         with ScoringClient(f"127.0.0.1:{grpc_port}", api_key=api_key, timeout_s=TIMEOUT_S) as client:
             yield lambda request: client.rerank(**request).usage.input_tokens
@@ -62,9 +62,9 @@ class Http:
         return JSONResponse(CohereDialect._v2(result, num_documents)).body
 
     @contextmanager
-    def client(self, grpc_port: int, http_port: int, api_key: str | None = None) -> Iterator[Callable[[dict], int]]:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", headers=headers, timeout=TIMEOUT_S) as client:
+    def client(self, grpc_port: int, http_port: int, api_key: str) -> Iterator[Callable[[dict], int]]:
+        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", headers={"authorization": f"Bearer {api_key}"},
+                          timeout=TIMEOUT_S) as client:
             def call(request: dict) -> int:
                 response = client.post("/v2/rerank", json=request)
                 response.raise_for_status()
