@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,28 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # (bench/gpu_check.py runs the compiled kernels). It must be chosen before anything imports triton
 # (transformers' model modules do): Triton fixes "interpreted or compiled" per function at definition.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the process once pytest has reported and every plugin has unconfigured, without the interpreter's
+    finalization: native libraries the tests load (Ray's core worker, gRPC, torch) keep threads past the session, and
+    once, after all 90 slow tests had passed, the process died in libstdc++ while static objects were destroyed
+    (SIGSEGV: `make` failed a green run). A Ray still up is shut down first, as its exit handler would."""
+    if EXIT_STATUS not in config.stash:
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(config.stash[EXIT_STATUS])
 
 
 @pytest.fixture(scope="session")
