@@ -1,4 +1,5 @@
-"""Session-wide test setup: offline Hugging Face, and tiny model directories built once per session."""
+"""Session-wide test setup: offline Hugging Face, tiny model directories built once per session, and a process that
+ends once pytest has reported, without the interpreter's finalization."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """End the process once pytest has reported and every plugin has unconfigured, without the interpreter's
     finalization: native libraries the tests load (Ray's core worker, gRPC, torch) keep threads past the session, and
-    once, after all 90 slow tests had passed, the process died in libstdc++ while static objects were destroyed
-    (SIGSEGV: `make` failed a green run). A Ray still up is shut down first, as its exit handler would."""
+    once, after all 90 slow tests had passed, the process died at exit in libstdc++ (a string hash; SIGSEGV: `make`
+    failed a green run). A Ray still up is shut down first, as its exit handler would."""
     if EXIT_STATUS not in config.stash:
         return
     ray = sys.modules.get("ray")
