@@ -33,6 +33,10 @@ class ChildProcess:
         self._process.start()
         self._answer()  # built (and warmed up)
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def call(self, name: str, *args: Any) -> Any:
         self._conn.send((name, args))
         return self._answer()

@@ -3,7 +3,8 @@
 `host_path_candidates` (`bench/host_path.py`) returns, per candidate, a call that runs the next round of one
 workload: the served path's stages (`bench/host_stages.py`), `Engine.rerank` (one batch per request) and plain
 transformers in padded batches; `clocks` returns and clears the stage clocks of the stages rounds run so far.
-`serve_bench_candidate` (`bench/serve_bench.py`) returns `in-process`: a round (by its index) of the engine alone.
+`serve_bench_candidate` (`bench/serve_bench.py`) returns `in-process`: a round (by its index) of the engine alone;
+`presence_candidate` (`bench/ray_presence.py`) returns `forward`: the same batches every call.
 """
 
 from __future__ import annotations
@@ -65,6 +66,22 @@ def serve_bench_candidate(model_dir: str, cache_bytes: int | str, rounds: list[l
     jobs = [[(TASKS[task], TASKS[task].encode(engine.context, request)) for task, request in requests]
             for requests in rounds]
     return {"in-process": lambda r: in_process(engine, jobs[r], clients)}
+
+
+def presence_candidate(model_dir: str, requests: list[tuple[str, dict]], per_batch: int):
+    """`forward` (`bench/ray_presence.py`): the engine (radix `auto`, warmed up as the replica is, no prefix cache,
+    so every pass computes the same rows) on `requests`, `per_batch` a batch; returns its seconds."""
+    engine = Engine.from_pretrained(model_dir, device="cpu", radix="auto", prefix_cache_bytes=0)
+    engine.warm_up()
+    jobs = [TASKS[task].encode(engine.context, request) for task, request in requests]
+
+    def forward() -> float:
+        start = time.perf_counter()
+        for i in range(0, len(jobs), per_batch):
+            engine.run_jobs(jobs[i:i + per_batch])
+        return time.perf_counter() - start
+
+    return {"forward": forward}
 
 
 def in_process(engine: Engine, jobs: list, clients: int) -> dict:
