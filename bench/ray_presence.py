@@ -71,8 +71,8 @@ def make_idle(tids: list[int]) -> int:
     return moved
 
 
-def process_counts() -> dict[tuple[int, str], tuple[int, int]]:
-    """Per process (pid, name): (context switches of all its threads, CPU clock ticks)."""
+def process_counts() -> dict[int, tuple[str, int, int]]:
+    """Per process id: (its name, context switches of all its threads, CPU clock ticks)."""
     counts = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -84,25 +84,25 @@ def process_counts() -> dict[tuple[int, str], tuple[int, int]]:
                 for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
                     if "ctxt_switches" in line:  # voluntary and nonvoluntary
                         switches += int(line.split()[1])
-            counts[int(pid), name] = (switches, int(fields[11]) + int(fields[12]))
+            counts[int(pid)] = (name, switches, int(fields[11]) + int(fields[12]))
         except (OSError, ValueError):
             continue
     return counts
 
 
 def node_activity(before: dict, after: dict, seconds: float, skip: set[int]) -> dict[str, tuple[float, float]]:
-    """Per process name: (wake-ups/s, share of one CPU) of the processes of that name that woke during the window,
-    the kernel's work queue threads as one (a kworker's name changes with the work it last ran); the pids in `skip`
-    left out."""
+    """Per process name: (wake-ups/s, share of one CPU) of the processes of that name that woke during the window
+    (between the `process_counts` `before` and `after`), the kernel's work queue threads as one (a kworker's name
+    changes with the work it last ran); the pids in `skip` left out."""
     tick = os.sysconf("SC_CLK_TCK")
     rows: dict[str, tuple[float, float]] = {}
-    for key, (switches, ticks) in after.items():
-        was = before.get(key, (0, 0))
-        if key[0] in skip or switches <= was[0]:
+    for pid, (name, switches, ticks) in after.items():
+        _, was_switches, was_ticks = before.get(pid, (name, 0, 0))
+        if pid in skip or switches <= was_switches:
             continue
-        name = "kworker/* (the kernel's work queues)" if key[1].startswith("kworker/") else key[1]
+        name = "kworker/* (the kernel's work queues)" if name.startswith("kworker/") else name
         wakeups, cpu = rows.get(name, (0.0, 0.0))
-        rows[name] = (wakeups + (switches - was[0]) / seconds, cpu + (ticks - was[1]) / tick / seconds)
+        rows[name] = (wakeups + (switches - was_switches) / seconds, cpu + (ticks - was_ticks) / tick / seconds)
     return rows
 
 
