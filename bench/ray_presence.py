@@ -9,8 +9,8 @@ nothing is sent to it); and the same with **every Ray thread SCHED_IDLE** (each 
 included, moved to Linux's idle scheduling class, which runs a thread only on a CPU nothing else wants: what no nice
 level or `placement.niceness` can go beyond). Odd rounds start with Ray up, so neither order is always first.
 
-During the passes of the Ray + Serve phase it counts every process's context switches (each a wake-up) and CPU
-time from /proc: what shares the cores with the forward's OpenMP threads.
+During each phase's first passes it counts every process's context switches (each a wake-up) and CPU time from
+/proc: what shares the cores with the forward's OpenMP threads.
 
 Workload (`--preset`, default `bench`): the peer benchmark's "embed, no instruction" (`bench/peer_vllm.py`):
 `--requests` embedding requests of 16 MS MARCO-shaped passages, `--per-batch` requests a batch, radix `auto`
@@ -60,7 +60,7 @@ def ray_threads(skip: set[int]) -> list[int]:
 
 
 def make_idle(tids: list[int]) -> int:
-    """Move each thread to SCHED_IDLE; how many moved (a thread may have exited)."""
+    """Move each thread to SCHED_IDLE; how many moved (a thread may have exited since it was listed)."""
     moved = 0
     for tid in tids:
         try:
@@ -132,6 +132,7 @@ def main() -> None:
     child.call("forward")  # warm-up
     times: dict[str, list[float]] = {phase: [] for phase in PHASES}
     activity: dict[str, dict[str, tuple[float, float]]] = {}
+    moved: list[int] = []  # threads moved to SCHED_IDLE, per round
 
     def passes(phase: str) -> None:
         before, start = process_counts(), time.perf_counter()
@@ -143,7 +144,7 @@ def main() -> None:
         app = {**config["applications"][0]["args"], "model": model_dir, "placement": {"engine": {"num_replicas": 1}}}
         serve.run(build(app), name="radixserve", route_prefix="/")
         passes(PHASES[1])
-        make_idle(ray_threads(skip))
+        moved.append(make_idle(ray_threads(skip)))
         passes(PHASES[2])
         serve.shutdown()
         ray.shutdown()
@@ -156,10 +157,11 @@ def main() -> None:
             passes(PHASES[0])
             with_ray()
     child.close()
-    write_report(times, activity, args)
+    write_report(times, activity, moved, args)
 
 
-def write_report(times: dict[str, list[float]], activity: dict[str, dict[str, tuple[float, float]]], args) -> None:
+def write_report(times: dict[str, list[float]], activity: dict[str, dict[str, tuple[float, float]]], moved: list[int],
+                 args) -> None:
     quiet = float(np.median(times[PHASES[0]]))
     rows = ["| phase | seconds per pass, median (min-max) | / quiet |", "|---|---|---|"]
     for phase, seconds in times.items():
@@ -184,7 +186,8 @@ def write_report(times: dict[str, list[float]], activity: dict[str, dict[str, tu
         f"Command: `{command}` on {machine()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Model: "
         f"{tiny_model(args.preset)}. A pass: {args.requests} embedding requests of {TEXTS_PER_REQUEST} MS "
         f"MARCO-shaped passages, {args.per_batch} a batch, in a child process without Ray; {args.rounds} rounds of "
-        f"{args.passes} passes per phase (the script's docstring says what each phase is).", "",
+        f"{args.passes} passes per phase (the script's docstring says what each phase is); threads moved to "
+        f"SCHED_IDLE each round: {', '.join(map(str, moved))}.", "",
         *rows, "",
         "What else ran while the forward did (the first round of each phase; the application's replicas idle): "
         "wake-ups/s (context switches of all its threads) / share of one CPU, per process name, the processes "
