@@ -58,6 +58,12 @@ def process_name(pid: int) -> str:
     return "python " + (f"-m {rest[1]}" if rest[0] == "-m" else Path(rest[0]).name)
 
 
+def proc_stat(pid: int) -> tuple[int, int, int]:
+    """(utime + stime in ticks, nice, threads) from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12]), int(fields[16]), int(fields[17])
+
+
 class ProcessTable:
     """What a launch's processes did between construction and `finish`: per process name, their count, nice
     levels, threads, the CPUs their threads may run on (thread count per `Cpus_allowed_list`), CPU seconds, and
@@ -68,7 +74,7 @@ class ProcessTable:
         self.before = {}
         for pid in tagged(tag):
             try:
-                self.before[pid] = self._stat(pid)
+                self.before[pid] = proc_stat(pid)
             except OSError:  # it exited meanwhile
                 pass
 
@@ -76,7 +82,7 @@ class ProcessTable:
         table: dict[str, dict] = {}
         for pid in tagged(self.tag):
             try:
-                name, stat = process_name(pid), self._stat(pid)
+                name, stat = process_name(pid), proc_stat(pid)
                 affinity = Counter(self._cpus(task) for task in Path(f"/proc/{pid}/task").iterdir())
                 environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
             except OSError:
@@ -92,12 +98,6 @@ class ProcessTable:
             row["affinity"].update(affinity)
         return {name: {**row, "nice": sorted(row["nice"]), "affinity": dict(row["affinity"])}
                 for name, row in sorted(table.items(), key=lambda item: -item[1]["cpu_s"])}
-
-    @staticmethod
-    def _stat(pid: int) -> tuple[int, int, int]:
-        """(utime + stime in ticks, nice, threads) from /proc/PID/stat."""
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12]), int(fields[16]), int(fields[17])
 
     @staticmethod
     def _cpus(task: Path) -> str:

@@ -33,6 +33,7 @@ from child_process import ChildProcess
 from in_process_worker import presence_candidate
 from local_serve import start_serve
 from machine import machine, tiny_model
+from peer_vllm_processes import proc_stat
 from ray import serve
 from workloads import MsMarco, msmarco_texts, token_counter
 
@@ -77,14 +78,13 @@ def process_counts() -> dict[int, tuple[str, int, int]]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            ticks = proc_stat(int(pid))[0]
             switches = 0
             for tid in os.listdir(f"/proc/{pid}/task"):
                 for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
                     if "ctxt_switches" in line:  # voluntary and nonvoluntary
                         switches += int(line.split()[1])
-            counts[int(pid)] = (name, switches, int(fields[11]) + int(fields[12]))
+            counts[int(pid)] = (name, switches, ticks)
         except (OSError, ValueError):
             continue
     return counts
@@ -170,15 +170,14 @@ def write_report(times: dict[str, list[float]], activity: dict[str, dict[str, tu
     busiest = sorted({name for rows in activity.values() for name in rows},
                      key=lambda name: -max(rows.get(name, (0.0, 0.0))[0] for rows in activity.values()))[:14]
 
-    def cells(rows: dict[str, tuple[float, float]], name: str | None) -> str:
-        wakeups, cpu = (rows.get(name, (0.0, 0.0)) if name else
-                        tuple(map(sum, zip(*rows.values()))) if rows else (0.0, 0.0))
+    def cell(wakeups: float, cpu: float) -> str:
         return f"{wakeups:,.0f} / {cpu:.1%}"
 
+    totals = {p: (sum(w for w, _ in activity[p].values()), sum(c for _, c in activity[p].values())) for p in PHASES}
     table = ["| process | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES),
-             *(f"| `{name}` | " + " | ".join(cells(activity[p], name) for p in PHASES) + " |" for name in busiest),
-             "| **all (the child and this driver left out)** | " + " | ".join(cells(activity[p], None)
-                                                                             for p in PHASES) + " |"]
+             *(f"| `{name}` | " + " | ".join(cell(*activity[p].get(name, (0.0, 0.0))) for p in PHASES) + " |"
+               for name in busiest),
+             "| **all (the child and this driver left out)** | " + " | ".join(cell(*totals[p]) for p in PHASES) + " |"]
     command = (f"python bench/ray_presence.py --preset {args.preset} --requests {args.requests} --per-batch "
                f"{args.per_batch} --rounds {args.rounds} --passes {args.passes}")
     text = "\n".join([
