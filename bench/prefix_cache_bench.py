@@ -16,6 +16,9 @@ Workloads (texts from `radix_core/data/tiny_corpus.txt`, token counts by the tin
   in the order of this list and then backwards, so a change of the machine's load falls on all. Classify, not a
   rerank with the prompt as instruction: its request shape is exactly a few-shot prompt in front of each
   classification request, the prompt the shared prefix of the request's sequences and so its prefix key.
+* `few-shot, 6 prompts`: the same with 6 prompts (a classifier serving a handful of tasks), the same
+  configurations. From cold caches each run computes every prompt at least once on the replica it goes to, a share
+  of the run that grows with the prompts: 16 prompts on 2 replicas are 16 or more of 192 requests, 6 are 6 or more.
 * `paged rerank`: 12 queries x 256 MS MARCO-shaped passages (40-120 tokens) as rerank requests of 8 documents,
   every query's 32 requests interleaved at random with the others' (a query whose documents arrive page by page):
   `cache + prefix routing` against `prefix routing, no cache`: rows computed over tokens (N'/N).
@@ -71,6 +74,7 @@ from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
 
 PROMPTS, PROMPT_TOKENS, INPUTS, INPUT_TOKENS = 16, 1024, 4, (20, 60)
+FEW_PROMPTS = 6  # the `few-shot, 6 prompts` stream: a classifier serving a handful of tasks
 TEMPLATE, LABELS = "\nInput: {input}\nLabel:", ("positive", "negative")
 REQUEST_TOKENS = 16384  # limits.max_request_tokens: a few-shot request (8 sequences, ~8,600 tokens) is one part
 CACHE_AND_PREFIX = "cache + prefix routing"
@@ -79,6 +83,9 @@ PREFIX_NO_CACHE = "prefix routing, no cache"
 NO_CACHE = {"engine": {"prefix_cache_bytes": 0}}
 CONFIGS = {CACHE_AND_PREFIX: {}, DEFAULT_ROUTER: {"router": {"policy": "power_of_two"}, **NO_CACHE},
            PREFIX_NO_CACHE: NO_CACHE}
+FEW_SHOT_ORDER = [CACHE_AND_PREFIX, DEFAULT_ROUTER, PREFIX_NO_CACHE, PREFIX_NO_CACHE, DEFAULT_ROUTER, CACHE_AND_PREFIX]
+FEW_SHOT_6 = f"few-shot, {FEW_PROMPTS} prompts"
+WORKLOADS = ["few-shot", FEW_SHOT_6, "paged rerank", "no reuse"]
 
 
 @dataclass
@@ -107,12 +114,13 @@ def classify(prompt: str, inputs: list[str], which: int | None = None) -> tuple[
     return "classify", {"inputs": inputs, "labels": list(LABELS), "prefix": prompt, "template": TEMPLATE}, which
 
 
-def few_shot(rng: np.random.Generator, count_tokens, requests: int, unique: bool = False) -> list[tuple]:
-    """`requests` classify requests of INPUTS inputs behind one of PROMPTS prompts drawn at random (a new prompt
+def few_shot(rng: np.random.Generator, count_tokens, requests: int, prompts: int = PROMPTS,
+             unique: bool = False) -> list[tuple]:
+    """`requests` classify requests of INPUTS inputs behind one of `prompts` prompts drawn at random (a new prompt
     each when `unique`). Texts are numbered (`numbered`), so none shares a start with another by chance."""
     _, sentences = corpus_text()
     prompt = lambda n: numbered("Prompt", n, passage(sentences, count_tokens, PROMPT_TOKENS, rng))  # noqa: E731
-    prompts = [prompt(n) for n in range(0 if unique else PROMPTS)]
+    drawn = [prompt(n) for n in range(0 if unique else prompts)]
     out = []
     for r in range(requests):
         inputs = [numbered("Item", INPUTS * r + i, passage(sentences, count_tokens,
@@ -121,8 +129,8 @@ def few_shot(rng: np.random.Generator, count_tokens, requests: int, unique: bool
         if unique:
             out.append(classify(prompt(PROMPTS + r), inputs))
         else:
-            which = int(rng.integers(PROMPTS))
-            out.append(classify(prompts[which], inputs, which))
+            which = int(rng.integers(prompts))
+            out.append(classify(drawn[which], inputs, which))
     return out
 
 
@@ -276,7 +284,7 @@ def main() -> None:
     parser.add_argument("--paged-docs", type=int, default=256, help="documents per query")
     parser.add_argument("--no-reuse-requests", type=int, default=64, help="per run (each configuration runs twice)")
     parser.add_argument("--sample-s", type=float, default=2.0)
-    parser.add_argument("--workloads", nargs="+", default=["few-shot", "paged rerank", "no reuse"])
+    parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -284,9 +292,8 @@ def main() -> None:
                                     **PRESETS["bench"]))
     rng, count_tokens = np.random.default_rng(args.seed), token_counter(make_tiny_tokenizer())
     plans = {
-        "few-shot": (lambda: few_shot(rng, count_tokens, args.few_shot_requests),
-                     [CACHE_AND_PREFIX, DEFAULT_ROUTER, PREFIX_NO_CACHE, PREFIX_NO_CACHE, DEFAULT_ROUTER,
-                      CACHE_AND_PREFIX]),
+        "few-shot": (lambda: few_shot(rng, count_tokens, args.few_shot_requests), FEW_SHOT_ORDER),
+        FEW_SHOT_6: (lambda: few_shot(rng, count_tokens, args.few_shot_requests, FEW_PROMPTS), FEW_SHOT_ORDER),
         "paged rerank": (lambda: paged_rerank(rng, count_tokens, args.paged_queries, args.paged_docs),
                          [CACHE_AND_PREFIX, PREFIX_NO_CACHE]),
         "no reuse": (lambda: few_shot(rng, count_tokens, args.no_reuse_requests, unique=True),
@@ -356,13 +363,13 @@ def write_report(runs: dict, args, load: dict) -> None:
             other = rows.get((workload, reference))
             cells.append(f"{r['requests/s'] / other['requests/s']:.2f}x" if other else "")
         lines.append(f"| {workload} | {label} | " + " | ".join(cells) + " |")
+    workloads = "" if args.workloads == WORKLOADS else " --workloads " + " ".join(f'"{w}"' for w in args.workloads)
     command = (f"python bench/prefix_cache_bench.py --clients {args.clients} --few-shot-requests "
                f"{args.few_shot_requests} --paged-queries {args.paged_queries} --paged-docs {args.paged_docs} "
-               f"--no-reuse-requests {args.no_reuse_requests}")
+               f"--no-reuse-requests {args.no_reuse_requests}{workloads}")
     per_run = {key: r["requests/s per run"] for key, r in rows.items() if "requests/s per run" in r}
-    cached_runs = runs.get(("few-shot", CACHE_AND_PREFIX), [])
-    few_shot_cost = (f"\nfew-shot, {CACHE_AND_PREFIX}: {spill_cost([a for r in cached_runs for a in r.answers])}.\n"
-                     if cached_runs else "")
+    few_shot_cost = "".join(f"\n{w}, {CACHE_AND_PREFIX}: {spill_cost([a for r in value for a in r.answers])}.\n"
+                            for (w, c), value in runs.items() if w.startswith("few-shot") and c == CACHE_AND_PREFIX)
     text = (f"# The prefix cache, served\n\nCommand: `{command}` ({os.cpu_count()} CPUs, 2 CPU engine replicas, "
             f"{args.clients} closed-loop gRPC clients, `bench` preset Qwen3, float32; the script's docstring says "
             f"what each workload and configuration is; `load`: the machine's 1-minute load average as the run "

@@ -16,9 +16,15 @@ the layers and the commit.
 * new prompt per batch: the few-shot shape with a new 1,024-token prompt in every batch, so nothing is read back:
   each prompt is shared by the batch's 4 sequences, so it enters the cache (its K/V copied) and is evicted unread
   once the budget is full: what admission and eviction cost where nothing is reused.
+* served few-shot: the batches the engine replica runs on the served few-shot stream of 6 prompts
+  (`prefix_cache_bench.py`): 2 classify requests a batch, each 4 inputs of 20-60 tokens x 2 labels behind one of 6
+  prompts of 1,024 tokens, with the requests' origins (the prompt is a request's shared prefix: admitted; an input,
+  shared by its two labels, is its request's own: not), so the cache admits what it admits served.
 
 Per stream: seconds over all batches with and without the cache, the speed-up, rows computed over tokens (N'/N,
-in-batch sharing alone and with the cache), the hit ratio, bytes held at the end against the budget, evictions.
+in-batch sharing alone and with the cache), the speed-up over the ratio of rows computed (how much of the cache's
+saving in rows reaches the time: a row that reads a cached prompt still attends to all of its keys, which no row
+count shows), the hit ratio, bytes held at the end against the budget, evictions.
 
 Then what the cache's bookkeeping costs a batch on the host, without the model: a lease (lookup of every
 sequence, ghosts, admissions), its cached ranges and its commit (K/V copies into segments, and the lease's end:
@@ -44,7 +50,7 @@ from workloads import MsMarco, tokens
 
 from radix_core.cached_rows import RowShape
 from radix_core.engine import Engine
-from radix_core.prefix_cache import DEFAULT_CPU_BYTES, PrefixCache
+from radix_core.prefix_cache import DEFAULT_CPU_BYTES, Origins, PrefixCache
 from radix_core.tiny_models import PRESETS, make_tiny_model
 
 
@@ -76,29 +82,50 @@ def new_prompts(rng: np.random.Generator, batches: int) -> list[list[list[int]]]
             for prompt in (tokens(rng, 1024) for _ in range(batches))]
 
 
-STREAMS: dict[str, Callable[[np.random.Generator, int], list[list[list[int]]]]] = {
+def served_few_shot(rng: np.random.Generator, batches: int) -> list[tuple[list[list[int]], Origins]]:
+    """The served few-shot stream's batches (`prefix_cache_bench.py`, `few-shot, 6 prompts`): 2 classify requests a
+    batch, each 4 inputs x 2 labels behind one of 6 prompts, with their origins (the prompt is each request's shared
+    prefix; an input, shared by its labels, is the request's own), as the engine replica runs them."""
+    prompts, labels = [tokens(rng, 1024) for _ in range(6)], [tokens(rng, 2) for _ in range(2)]
+    stream = []
+    for b in range(batches):
+        requests = [(prompts[which], [tokens(rng, int(rng.integers(20, 61))) for _ in range(4)])
+                    for which in rng.integers(0, len(prompts), 2)]
+        batch = [prompt + text + label for prompt, inputs in requests for text in inputs for label in labels]
+        per_request = len(batch) // len(requests)
+        stream.append((batch, Origins(np.repeat(np.arange(2 * b, 2 * b + 2), per_request),
+                                      np.full(len(batch), len(prompts[0]), dtype=np.int64))))
+    return stream
+
+
+STREAMS: dict[str, Callable[[np.random.Generator, int], list]] = {
     "few-shot 16x1024 + 4x(20..60)": few_shot, "paged rerank 12x256 by 8": paged_rerank,
-    "no reuse 8x(128..384)": no_reuse, "new prompt per batch 1024 + 4x(20..60)": new_prompts}
+    "no reuse 8x(128..384)": no_reuse, "new prompt per batch 1024 + 4x(20..60)": new_prompts,
+    "served few-shot 6x1024, 2 requests of 4x(20..60) x 2 labels": served_few_shot}
 
 
-def run_stream(cached: Engine, plain: Engine, stream: list[list[list[int]]]) -> dict[str, float]:
+def run_stream(cached: Engine, plain: Engine, stream: list) -> dict[str, float]:
     """Seconds of each engine over the stream (the two runs of a batch alternate which goes first), and the
-    rows each computed."""
+    rows each computed. A batch is its sequences, or (sequences, their `Origins`) for the cache's admission;
+    without origins each sequence is a request of its own."""
     cached.prefix_cache.clear()
     seconds, rows, tokens_total = {"cache": 0.0, "no cache": 0.0}, {"cache": 0, "no cache": 0}, 0
     for i, batch in enumerate(stream):
+        batch, origins = batch if isinstance(batch, tuple) else (batch, None)
         runs = {"cache": (cached, cached.prepare(batch)), "no cache": (plain, plain.prepare(batch))}
         for name in list(runs)[i % 2:] + list(runs)[:i % 2]:
             engine, prepared = runs[name]
             started = time.perf_counter()
-            result = engine.run(prepared)
+            result = engine.run(prepared, origins=origins)
             seconds[name] += time.perf_counter() - started
             rows[name] += result.num_computed
         tokens_total += result.num_tokens
     stats = cached.prefix_cache.stats()
+    speed_up, row_ratio = seconds["no cache"] / seconds["cache"], rows["no cache"] / rows["cache"]
     return {"seconds cache": seconds["cache"], "seconds no cache": seconds["no cache"],
-            "speed-up": seconds["no cache"] / seconds["cache"], "N'/N no cache": rows["no cache"] / tokens_total,
-            "N'/N cache": rows["cache"] / tokens_total, "hit ratio": stats.hit_ratio,
+            "speed-up": speed_up, "N'/N no cache": rows["no cache"] / tokens_total,
+            "N'/N cache": rows["cache"] / tokens_total, "speed-up / row ratio": speed_up / row_ratio,
+            "hit ratio": stats.hit_ratio,
             "MiB held": stats.bytes / 2**20, "MiB budget": stats.budget_bytes / 2**20,
             "evictions": stats.evictions}
 
