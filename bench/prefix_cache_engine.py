@@ -93,8 +93,9 @@ def served_few_shot(rng: np.random.Generator, batches: int) -> list[tuple[list[l
                     for which in rng.integers(0, len(prompts), 2)]
         batch = [prompt + text + label for prompt, inputs in requests for text in inputs for label in labels]
         per_request = len(batch) // len(requests)
-        stream.append((batch, Origins(np.repeat(np.arange(2 * b, 2 * b + 2), per_request),
-                                      np.full(len(batch), len(prompts[0]), dtype=np.int64))))
+        ids = np.arange(len(requests) * b, len(requests) * (b + 1))  # no request id twice in the stream
+        shared = np.array([len(prompt) for prompt, _ in requests])  # each request's shared prefix: its prompt
+        stream.append((batch, Origins(np.repeat(ids, per_request), np.repeat(shared, per_request))))
     return stream
 
 
