@@ -12,12 +12,15 @@ ms, over 60 keys 25.5 ms, over 64 keys 17.6 ms; causal blocks of 64 rows 18.9 ms
 at 64 dimensions).
 
 * **Causal blocks** pad at their end. A real query `i` sees keys `0..i` only, all real, so the causal kernel's
-  result for it is the block's own; padded query rows (copies of the block's last row) are computed and dropped.
+  result for it is the block's own without a mask; padded query rows (copies of the block's last row) are computed
+  and dropped. (A key mask there, as the first version passed, cost the kernel 6% of its time: 40.2 against 37.8
+  ms a layer of a 1,000-document `tiny` rerank.)
 * **Prefix blocks** (unmasked) are cut into chunks of at most `PREFIX_CHUNK` queries (queries are independent, so
   any cut is exact), chunks group by their key bucket and pad their queries to the group's longest chunk; padded
   keys get `-inf` in an additive mask, passed only when a group holds padded keys. A block of at least
-  `SOLO_BLOCK` queries (a rerank's shared prompt over its ~75,000 document rows, the cached template they all read,
-  a cached few-shot prompt read by its request's ~200 rows) runs on its own instead: calls of `SOLO_CHUNK` queries,
+  `SOLO_BLOCK` queries over more than `EXACT_KEYS` keys, or of at least `SOLO_SHORT_BLOCK` over fewer (a rerank's
+  shared prompt over its ~75,000 document rows, the cached template they all read, a cached few-shot prompt read by
+  its request's ~200 rows) runs on its own instead: calls of `SOLO_CHUNK` queries,
   none padded, the queries a view of their rows where they are consecutive (else gathered once), the keys the
   block's own rows in place at their exact length (above `EXACT_KEYS`; fewer are padded to their bucket, which the
   kernel runs faster), each output merged on its rows. Chunks would copy the keys once per chunk and pad queries
@@ -26,7 +29,11 @@ at 64 dimensions).
   1,000-document `tiny` rerank the cached template's pass took 66 -> 30 ms a layer read in place. Nor one call for
   the whole of a huge block: in 4,096-query calls the template's pass took 48 ms instead of 75 per 1,000-document
   `tiny` rerank (both layers; calls of 2,048 to 16,384 queries alike), 203 instead of 329 ms per 300-document
-  `bench` rerank (8 layers).
+  `bench` rerank (8 layers). A block over few keys is cheap to chunk (a chunk copies a few keys and pads at most 63
+  queries) and dear as a call of its own: a 1,000-document rerank's trie has ~160 blocks of 128-511 queries over
+  16-48 keys (a word shared by a few hundred documents), which as calls of their own took a layer's attention to
+  167 ms against 149 ms chunked (`tiny`; 300 against 279 ms at hidden 128, 31 against 29 ms on 200 documents; one
+  layer's q/k/v, both threads of an Intel Xeon, median of 8, torch 2.13).
 
 Each group reads its rows with one `index_select` per tensor (or a slice when its blocks are back to back and
 unpadded), and says where each of its output rows goes (`out_rows`): causal outputs are copied to their rows, a
@@ -47,7 +54,8 @@ from radix_core.cascade import concat_ranges
 BUCKETS_PER_OCTAVE = 8  # above 128, padding at most 1 / 8 of a length
 ALIGN = 16  # every bucket a multiple of 16: the CPU kernel runs 16 keys faster than 8 or 12, 64 than 56 or 60
 PREFIX_CHUNK = 64  # queries per prefix-block chunk: a block pads at most 63 query rows
-SOLO_BLOCK = 128  # a prefix block of at least this many queries runs on its own, not chunked
+SOLO_BLOCK = 128  # a prefix block of at least this many queries over more than EXACT_KEYS keys runs on its own
+SOLO_SHORT_BLOCK = 512  # ... and one of at least this many over fewer keys; smaller ones are chunked
 SOLO_CHUNK = 4096  # queries per call of such a block
 EXACT_KEYS = ALIGN * BUCKETS_PER_OCTAVE  # a solo block of more keys reads them at their exact length, in place
 SHORT_PREFIX = ALIGN  # a prefix block of at most this many keys is absorbed into its descendants' causal blocks
@@ -64,6 +72,7 @@ class PaddedGroup:
     q_rows: torch.Tensor | slice  # (count * q_len,) rows of the query tensor, block after block
     k_rows: torch.Tensor | slice  # (count * k_len,) rows of the key/value tensors, block after block
     key_mask: torch.Tensor | None  # (count, 1, 1, k_len) bool, False on padded keys; None when there are none
+    # or the group is causal (no real query sees a padded key)
     out_rows: torch.Tensor | slice  # (count * q_len,) int64 output row of each query; causal padding: the scratch
     # row; a slice for a solo prefix block on consecutive rows (`_solo_block`)
     padding: torch.Tensor | None  # (count * q_len,) bool, True on padded queries; None when there are none
@@ -169,10 +178,11 @@ def padded_prefix(q_rows: np.ndarray, cu: np.ndarray, key_start: np.ndarray, key
                   device: torch.device) -> list[PaddedGroup]:
     """Prefix blocks (queries `q_rows[cu[j]:cu[j+1]]` over keys `key_start[j]:key_end[j]`) in chunks of at most
     `PREFIX_CHUNK` queries, grouped by key bucket; a padded query repeats its chunk's last. A block of at least
-    `SOLO_BLOCK` queries runs on its own (`_solo_block`)."""
+    `SOLO_BLOCK` queries over more than `EXACT_KEYS` keys, or `SOLO_SHORT_BLOCK` over fewer, runs on its own
+    (`_solo_block`)."""
     q_rows, cu = q_rows.astype(np.int64), cu.astype(np.int64)
     q_lengths = np.diff(cu)  # (J,)
-    solo = np.flatnonzero(q_lengths >= SOLO_BLOCK)
+    solo = np.flatnonzero(q_lengths >= np.where(key_end - key_start > EXACT_KEYS, SOLO_BLOCK, SOLO_SHORT_BLOCK))
     groups = [group for j in solo.tolist() for group in
               _solo_block(q_rows[cu[j]:cu[j + 1]], int(key_start[j]), int(key_end[j]), device)]
     if solo.size:
@@ -217,8 +227,9 @@ def _padded(q_index, q_start, q_len, k_index, k_start, k_len, device, scratch: i
             skip: np.ndarray | None = None) -> list[PaddedGroup]:
     """Blocks `j` of queries `q_index[q_start[j] + (0..q_len[j])]` and keys `k_index[k_start[j] + (0..k_len[j])]`
     (an index None: the identity), grouped by their key length's bucket. Causal blocks (`scratch` given) pad their
-    queries to it too and send the outputs of padded queries and of their first `skip[j]` queries to row
-    `scratch`; prefix chunks pad to the group's longest. A padded query or key repeats its block's last."""
+    queries to it too, need no key mask, and send the outputs of padded queries and of their first `skip[j]` queries
+    to row `scratch`; prefix chunks pad to the group's longest, their padded keys masked. A padded query or key
+    repeats its block's last."""
     k_pad = bucket_lengths(k_len)
     order = np.argsort(k_pad, kind="stable")  # (J,) blocks grouped by bucket, in block order within one
     sizes, first = np.unique(k_pad[order], return_index=True)
@@ -234,7 +245,8 @@ def _padded(q_index, q_start, q_len, k_index, k_start, k_len, device, scratch: i
         if scratch is not None:
             dropped = padding if skip is None else padding | (np.arange(lq) < skip[members][:, None]).reshape(-1)
             out_rows = np.where(dropped, scratch, rows)
-        mask = None if (k_len[members] == lk).all() else np.arange(lk) < k_len[members][:, None, None, None]
+        padded_keys = scratch is None and not (k_len[members] == lk).all()
+        mask = np.arange(lk) < k_len[members][:, None, None, None] if padded_keys else None
         groups.append(PaddedGroup(count, lq, lk, _as_index(rows, device), _as_index(keys, device),
                                   _tensor(mask, device), _tensor(out_rows, device),
                                   _tensor(padding if padding.any() else None, device)))

@@ -11,15 +11,17 @@ from hypothesis import strategies as st
 from test_cascade_attention import random_batch
 from test_engine_golden import BATCHES as GOLDEN
 
-from radix_core.attention import TorchAttention, _attention_with_lse
+from radix_core.attention import AttentionMetadata, TorchAttention, _attention_with_lse
 from radix_core.batch import BatchLimits, prepare_batch
-from radix_core.forward import plan_compact, plan_ragged, prefix_blocks
+from radix_core.forward import causal_blocks, plan_compact, plan_ragged, prefix_blocks
 from radix_core.padded_blocks import (
     ALIGN,
     BUCKETS_PER_OCTAVE,
     EXACT_KEYS,
+    PREFIX_CHUNK,
     SOLO_BLOCK,
     SOLO_CHUNK,
+    SOLO_SHORT_BLOCK,
     bucket_lengths,
     padded_cascade,
     padded_prefix,
@@ -67,12 +69,14 @@ def test_prefix_chunks_send_every_query_to_its_row_once(blocks, rand):
     assert sorted(real) == sorted(q_rows.tolist())
 
 
-def test_causal_padding_goes_to_the_scratch_row():
-    """Padded causal queries write to the row past the end; every real row is written exactly once."""
+def test_causal_padding_goes_to_the_scratch_row_and_needs_no_key_mask():
+    """Padded causal queries write to the row past the end; every real row is written exactly once. No group has a
+    key mask: a real query sees no key after its own (the exactness tests below run them unmasked)."""
     bounds = np.array([0, 3, 20, 21, 60])
     groups = padded_cascade(bounds, None, torch.device("cpu")).causal
     written = torch.cat([g.out_rows for g in groups])
     assert sorted(written[written < 60].tolist()) == list(range(60)) and set(written[written >= 60].tolist()) == {60}
+    assert [g.k_len for g in groups] == [16, 32, 48] and all(g.key_mask is None for g in groups)
 
 
 def per_block(q, k, v, meta, scale, past=None):
@@ -154,7 +158,7 @@ def test_a_comb_of_short_segments_is_absorbed_up_to_the_limit_and_the_rest_stays
 
 
 def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_queries_in_place():
-    """A prompt shared by 40 sequences of 30-60 tokens (more than `SOLO_BLOCK` rows below it) and a cached
+    """A prompt shared by 40 sequences of 30-60 tokens (more than `SOLO_SHORT_BLOCK` rows below it) and a cached
     template read by all of them: each is one dense call on a slice of the rows (no query copied, no chunks), merged
     in place, equal to one call per block; the short prefix blocks around it are still chunked."""
     rng = np.random.default_rng(3)
@@ -163,7 +167,7 @@ def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_querie
     meta, rows = _plan(sequences, "full")
     meta.past = prefix_blocks(np.arange(rows), np.array([0, 3, rows]), np.array([0, 0]), np.array([2, 50]),
                               torch.device("cpu"))
-    whole = [g for g in meta.padded.prefix + meta.past.padded if g.q_len >= SOLO_BLOCK]
+    whole = [g for g in meta.padded.prefix + meta.past.padded if g.q_len >= SOLO_SHORT_BLOCK]
     assert len(whole) == 2 and all(g.count == 1 and isinstance(g.q_rows, slice) and g.out_rows == g.q_rows
                                    for g in whole)
     assert [g.q_len for g in meta.past.padded if g not in whole] == [3]  # the 3-query block: a chunk
@@ -216,3 +220,30 @@ def test_a_cached_prompt_read_by_scattered_rows_is_one_unpadded_call_with_its_ke
     assert rows.tolist() == ref_rows.tolist()
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_a_block_over_few_keys_runs_on_its_own_only_from_solo_short_block_queries():
+    """Past blocks of `SOLO_BLOCK` and `SOLO_SHORT_BLOCK` - 1 queries over a few keys are chunked with the short
+    blocks (a word shared by a few hundred documents: ~160 such blocks a layer on a 1,000-document rerank, each a call
+    of its own before); one of `SOLO_SHORT_BLOCK` queries over as few keys, and one of `SOLO_BLOCK` over more than
+    `EXACT_KEYS`, run on their own. Merged with the batch's causal blocks, equal to one call per block."""
+    sizes = [(SOLO_BLOCK, 32), (SOLO_SHORT_BLOCK - 1, 48), (SOLO_SHORT_BLOCK, 20), (SOLO_BLOCK, EXACT_KEYS + 1)]
+    rows = sum(q for q, _ in sizes)
+    cu = np.concatenate([[0], np.cumsum([q for q, _ in sizes])])
+    key_start = np.array([0, 40, 100, 130])
+    key_end = key_start + np.array([k for _, k in sizes])
+    cpu = torch.device("cpu")
+    meta = AttentionMetadata(causal_blocks(np.append(np.arange(0, rows, 50), rows), cpu),
+                             past=prefix_blocks(np.random.default_rng(8).permutation(rows), cu, key_start, key_end,
+                                                cpu))
+    groups = meta.past.padded
+    assert [(g.count, g.q_len, g.k_len) for g in groups if g.q_len > PREFIX_CHUNK] == [
+        (1, SOLO_SHORT_BLOCK, 32), (1, SOLO_BLOCK, EXACT_KEYS + 1)]  # 20 keys padded to their bucket
+    chunks = [(g.k_len, g.count) for g in groups if g.q_len <= PREFIX_CHUNK]
+    assert chunks == [(32, SOLO_BLOCK // PREFIX_CHUNK), (48, -(-(SOLO_SHORT_BLOCK - 1) // PREFIX_CHUNK))]
+    gen = torch.Generator().manual_seed(9)
+    past_k, past_v = torch.randn(2, 300, 2, 16, generator=gen)
+    q = torch.randn(rows, 4, 16, generator=gen)
+    k, v = torch.randn(2, rows, 2, 16, generator=gen)
+    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
+                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
