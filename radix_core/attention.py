@@ -178,7 +178,7 @@ class TorchAttention(AttentionBackend):
     """Attention with its log-sum-exp over blocks padded to bucket lengths, one dense call per bucket
     (`radix_core.padded_blocks`: at most one call per bucket present, where one per block made ~500 calls a layer
     on a 1,000-document rerank; prefix blocks of a few keys are absorbed into their descendants' causal blocks, and
-    one read by 128 queries or more runs on its own, unpadded, its keys in place, 4,096 queries a call);
+    one read by 512 queries or more (128 over long keys) runs on its own, unpadded, 4,096 queries a call);
     the CPU path and the reference for the others. On the CPU it calls the kernel that
     `scaled_dot_product_attention` runs there (`_scaled_dot_product_flash_attention_for_cpu`), which also
     returns the log-sum-exp; elsewhere plain matmuls in float32, in query chunks."""
