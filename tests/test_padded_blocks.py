@@ -87,6 +87,17 @@ def per_block(q, k, v, meta, scale, past=None):
     return backend(q, k, v, meta, scale, past)
 
 
+def _assert_equal_to_one_call_per_block(meta, rows: int, past_rows: int, seed: int) -> None:
+    """The backend over random q/k/v of `rows` rows (4 heads of 16, 2 K/V heads) and `past_rows` cached K/V rows that
+    `meta.past` reads equals `per_block`, within 1e-5."""
+    gen = torch.Generator().manual_seed(seed)
+    past_k, past_v = torch.randn(2, past_rows, 2, 16, generator=gen)  # (C, Hkv, D) each
+    q = torch.randn(rows, 4, 16, generator=gen)
+    k, v = torch.randn(2, rows, 2, 16, generator=gen)
+    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
+                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
+
+
 def _each_causal(q, k, v, blocks, scale):
     out, lse = torch.empty_like(q), torch.empty(q.shape[:2])
     bounds = blocks.cu_seqlens.tolist()
@@ -129,15 +140,9 @@ def test_padded_groups_equal_one_call_per_block(sequences, mode):
 def test_past_blocks_from_the_cache_equal_one_call_per_block():
     """Past blocks (keys in the cached K/V) of assorted lengths, some padded, merged with the batch's own."""
     meta, rows = _plan(GOLDEN["prefix-groups-of-depths"], "full")
-    gen = torch.Generator().manual_seed(1)
-    past_k, past_v = torch.randn(2, 300, 2, 16, generator=gen)  # (C, Hkv, D) each
-    q_rows = np.arange(rows)
-    cu = np.array([0, 5, 40, rows])
-    meta.past = prefix_blocks(q_rows, cu, np.array([0, 7, 100]), np.array([7, 130, 299]), torch.device("cpu"))
-    q = torch.randn(rows, 4, 16, generator=gen)
-    k, v = torch.randn(2, rows, 2, 16, generator=gen)
-    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
-                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
+    meta.past = prefix_blocks(np.arange(rows), np.array([0, 5, 40, rows]), np.array([0, 7, 100]),
+                              np.array([7, 130, 299]), torch.device("cpu"))
+    _assert_equal_to_one_call_per_block(meta, rows, 300, seed=1)
 
 
 def test_a_comb_of_short_segments_is_absorbed_up_to_the_limit_and_the_rest_stays_prefix():
@@ -171,12 +176,7 @@ def test_a_large_prefix_block_on_consecutive_rows_is_one_call_reading_its_querie
     assert len(whole) == 2 and all(g.count == 1 and isinstance(g.q_rows, slice) and g.out_rows == g.q_rows
                                    for g in whole)
     assert [g.q_len for g in meta.past.padded if g not in whole] == [3]  # the 3-query block: a chunk
-    gen = torch.Generator().manual_seed(4)
-    past_k, past_v = torch.randn(2, 50, 2, 16, generator=gen)
-    q = torch.randn(rows, 4, 16, generator=gen)
-    k, v = torch.randn(2, rows, 2, 16, generator=gen)
-    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
-                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
+    _assert_equal_to_one_call_per_block(meta, rows, 50, seed=4)
 
 
 def test_a_prefix_block_larger_than_a_call_is_cut_into_consecutive_calls_read_in_place():
@@ -241,9 +241,4 @@ def test_a_block_over_few_keys_runs_on_its_own_only_from_solo_short_block_querie
         (1, SOLO_SHORT_BLOCK, 32), (1, SOLO_BLOCK, EXACT_KEYS + 1)]  # 20 keys padded to their bucket
     chunks = [(g.k_len, g.count) for g in groups if g.q_len <= PREFIX_CHUNK]
     assert chunks == [(32, SOLO_BLOCK // PREFIX_CHUNK), (48, -(-(SOLO_SHORT_BLOCK - 1) // PREFIX_CHUNK))]
-    gen = torch.Generator().manual_seed(9)
-    past_k, past_v = torch.randn(2, 300, 2, 16, generator=gen)
-    q = torch.randn(rows, 4, 16, generator=gen)
-    k, v = torch.randn(2, rows, 2, 16, generator=gen)
-    torch.testing.assert_close(TorchAttention()(q, k, v, meta, 0.25, (past_k, past_v)),
-                               per_block(q, k, v, meta, 0.25, (past_k, past_v)), atol=1e-5, rtol=1e-5)
+    _assert_equal_to_one_call_per_block(meta, rows, 300, seed=9)
