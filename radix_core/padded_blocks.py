@@ -30,7 +30,7 @@ at 64 dimensions).
   the whole of a huge block: in 4,096-query calls the template's pass took 48 ms instead of 75 per 1,000-document
   `tiny` rerank (both layers; calls of 2,048 to 16,384 queries alike), 203 instead of 329 ms per 300-document
   `bench` rerank (8 layers). A block over few keys is cheap to chunk (a chunk copies a few keys and pads at most 63
-  queries) and dear as a call of its own: a 1,000-document rerank's trie has ~160 blocks of 128-511 queries over
+  queries) and dear as a call of its own: a 1,000-document rerank's trie has ~145 blocks of 128-511 queries over
   16-48 keys (a word shared by a few hundred documents), which as calls of their own took a layer's attention to
   167 ms against 149 ms chunked (`tiny`; 300 against 279 ms at hidden 128, 31 against 29 ms on 200 documents; one
   layer's q/k/v, both threads of an Intel Xeon, median of 8, torch 2.13).

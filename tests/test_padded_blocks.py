@@ -224,7 +224,7 @@ def test_a_cached_prompt_read_by_scattered_rows_is_one_unpadded_call_with_its_ke
 
 def test_a_block_over_few_keys_runs_on_its_own_only_from_solo_short_block_queries():
     """Past blocks of `SOLO_BLOCK` and `SOLO_SHORT_BLOCK` - 1 queries over a few keys are chunked with the short
-    blocks (a word shared by a few hundred documents: ~160 such blocks a layer on a 1,000-document rerank, each a call
+    blocks (a word shared by a few hundred documents: ~145 such blocks a layer on a 1,000-document rerank, each a call
     of its own before); one of `SOLO_SHORT_BLOCK` queries over as few keys, and one of `SOLO_BLOCK` over more than
     `EXACT_KEYS`, run on their own. Merged with the batch's causal blocks, equal to one call per block."""
     sizes = [(SOLO_BLOCK, 32), (SOLO_SHORT_BLOCK - 1, 48), (SOLO_SHORT_BLOCK, 20), (SOLO_BLOCK, EXACT_KEYS + 1)]
