@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 import ray
-from host_stages import stages
 from child_process import ChildProcess
+from host_stages import stages
 from in_process_worker import CANDIDATES, host_path_candidates
 from load_driver import LoadDriver
 from local_serve import free_port, start_serve

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timing import Timing, interleaved_timings
 from prefix_cache_engine import few_shot, run_stream
+from timing import Timing, interleaved_timings
 from workloads import embedding_instruction, msmarco_ids
 
 from radix_core import hybrid_layers

@@ -4,6 +4,7 @@
 workload: the served path's stages (`bench/host_stages.py`), `Engine.rerank` (one batch per request) and plain
 transformers in padded batches; `clocks` returns and clears the stage clocks of the stages rounds run so far.
 `serve_bench_candidate` (`bench/serve_bench.py`) returns `in-process`: a round (by its index) of the engine alone;
+`peer_candidate` (`bench/peer_vllm.py`) returns `round`: every workload once on a freshly loaded engine;
 `presence_candidate` (`bench/ray_presence.py`) returns `forward`: the same batches every call.
 """
 
@@ -68,6 +69,28 @@ def serve_bench_candidate(model_dir: str, cache_bytes: int | str, rounds: list[l
     return {"in-process": lambda r: in_process(engine, jobs[r], clients)}
 
 
+def peer_candidate(model_dir: str, app_args: dict, warm_up: list[tuple[str, dict]],
+                   workloads: list[tuple[str, str, int, list[dict]]]):
+    """`round`: the engine as a freshly started replica has it (the application's `app_args`, warmed up, its prefix
+    cache empty), answering the `warm_up` (task, request) pairs, then each (name, task, clients, requests) workload
+    `clients` requests a batch, each workload's requests tokenized before its clock starts; returns `in_process`'s
+    figures per workload name."""
+    settings = AppArgs.model_validate(app_args)
+
+    def encoded(engine: Engine, task: str, requests: list[dict]) -> list:
+        return [(TASKS[task], TASKS[task].encode(engine.context, request)) for request in requests]
+
+    def round_() -> dict[str, dict]:
+        engine = Engine.from_pretrained(model_dir, settings.engine, tasks=settings.tasks)
+        engine.warm_up()
+        for task, request in warm_up:
+            in_process(engine, encoded(engine, task, [request]), 1)
+        return {name: in_process(engine, encoded(engine, task, requests), clients)
+                for name, task, clients, requests in workloads}
+
+    return {"round": round_}
+
+
 def presence_candidate(model_dir: str, requests: list[tuple[str, dict]], per_batch: int):
     """`forward` (`bench/ray_presence.py`): the engine (radix `auto`, warmed up as the replica is, no prefix cache,
     so every pass computes the same rows) on `requests`, `per_batch` a batch; returns its seconds."""
@@ -85,15 +108,16 @@ def presence_candidate(model_dir: str, requests: list[tuple[str, dict]], per_bat
 
 
 def in_process(engine: Engine, jobs: list, clients: int) -> dict:
-    """The engine alone: `clients` consecutive requests per batch; every request's latency is its batch's."""
-    latencies, tokens, computed = [], 0, 0
+    """The engine alone: `clients` consecutive requests per batch; every request's latency is its batch's, and
+    `answers` every request's result in order."""
+    latencies, answers = [], []
     start = time.perf_counter()
     for i in range(0, len(jobs), clients):
         began = time.perf_counter()
         chunk = jobs[i:i + clients]
-        results = [task.merge(job, [p]) for (task, job), p in zip(chunk, engine.run_jobs([j for _, j in chunk]))]
+        answers += [task.merge(job, [p]) for (task, job), p in zip(chunk, engine.run_jobs([j for _, j in chunk]))]
         latencies += [time.perf_counter() - began] * len(chunk)
-        tokens += sum(r.usage.input_tokens for r in results)
-        computed += sum(r.usage.computed_tokens for r in results)
-    return {"seconds": time.perf_counter() - start, "latencies": latencies, "tokens": tokens,
-            "compression": computed / tokens}
+    seconds = time.perf_counter() - start
+    tokens = sum(r.usage.input_tokens for r in answers)
+    return {"seconds": seconds, "latencies": latencies, "tokens": tokens, "answers": answers,
+            "compression": sum(r.usage.computed_tokens for r in answers) / tokens}

@@ -15,6 +15,12 @@ routes (Cohere's `POST /v2/rerank`, OpenAI's `POST /v1/embeddings`) by closed-lo
   template (`rerank_chat_template`), and embedding pools the last token (`--runner pooling --convert embed`, LAST,
   normalised), each text sent with the end token radixserve appends (`<|endoftext|>`) written out.
 
+And, as the reference of what serving costs, **radixserve in-process**: its engine alone in a child process without
+Ray (`in_process_worker.peer_candidate`), with no server running, loaded afresh each round with the application's
+settings and warmed up as the replica is, on the same requests tokenized beforehand, each workload's `clients`
+requests a batch (what a server with that many in flight could batch at best); on even rounds after the servers, on
+odd rounds before them.
+
 The model is the `bench` preset (Qwen3, hidden 512, 8 layers, random weights) saved as a causal LM with the
 repository's tiny tokenizer. Workloads (`bench/workloads.py`: MS MARCO-shaped queries and passages of 40-120
 tokens, distinct queries per workload): 8-document reranks from 8 clients; 256-document reranks from 2 clients;
@@ -24,10 +30,10 @@ embeddings of 16 passages per request from 8 clients, behind a shared 20-word Qw
 Each round starts each server in turn (radixserve first on even rounds, vLLM first on odd ones), sends one
 warm-up request per workload kind that no measured request repeats, then every measured request once, and stops
 it; every round sends the same requests, each to a freshly started server, so no cache holds them. Per workload:
-documents (texts) per second per server (the median round), ours / vLLM, input tokens (they must be equal: the
-same prompts), and the largest |difference| of a score or an embedding component between the two servers on the
-same requests, which must stay under `--tolerance` (float32 on both; a wrong prompt or token moves scores by
-1e-3 and more): the run fails loudly past it, after writing its report.
+documents (texts) per second per server (the median round), ours / vLLM, served / in-process, input tokens (they
+must be equal: the same prompts), and the largest |difference| of a score or an embedding component between the
+two servers on the same requests, which must stay under `--tolerance` (float32 on both; a wrong prompt or token
+moves scores by 1e-3 and more): the run fails loudly past it, after writing its report.
 
     python bench/peer_vllm.py --vllm-python ~/vllm-venv/bin/python [--rounds 2] [--busy]
 """
@@ -54,10 +60,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import yaml
+from child_process import ChildProcess
+from in_process_worker import peer_candidate
 from load_driver import LoadDriver
 from local_serve import ROOT, free_port
 from peer_vllm_processes import TAG_ENV, ProcessTable, kill_tagged, tagged
-from peer_vllm_report import write_report
+from peer_vllm_report import IN_PROCESS, write_report
 from workloads import MsMarco, QueryPassages, msmarco_texts, rerank_stream, token_counter
 
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
@@ -357,16 +365,30 @@ def serve_round(server, round_: int, workloads: list[Workload], warm_up: dict, m
     return Launch(server.name, round_, session.start_s, processes, facts, session.left)
 
 
+def in_process_round(engine: ChildProcess, workloads: list[Workload], runs: dict) -> None:
+    """One round of radixserve's engine in-process (`in_process_worker.peer_candidate`, in a child process without
+    Ray, with no server running beside it): what the served figures would be without the serving."""
+    figures = engine.call("round")
+    for w in workloads:
+        f = figures[w.name]
+        values = [np.array([hit.score for hit in sorted(a.results, key=lambda hit: hit.index)]) if w.task == "rerank"
+                  else np.asarray(a.embeddings, dtype=np.float64) for a in f["answers"]]
+        runs.setdefault((IN_PROCESS, w.name), []).append(
+            Run(f["seconds"], f["tokens"], round(f["compression"] * f["tokens"]), values, f["latencies"]))
+
+
 def agreement(workloads: list[Workload], runs: dict) -> dict[str, dict]:
     """Per workload: the largest |difference| between the two servers' last rounds, where, and the input tokens
-    of each (the same prompts give the same counts)."""
+    of each (the same prompts give the same counts); and the largest between radixserve served and in-process
+    (`in_process_diff`: the served path computes what the engine does, in other batches)."""
     out = {}
     for w in workloads:
-        ours, theirs = runs[("radixserve", w.name)][-1], runs[("vLLM", w.name)][-1]
+        ours, theirs, alone = (runs[(side, w.name)][-1] for side in ("radixserve", "vLLM", IN_PROCESS))
         diffs = [np.abs(a - b).max() for a, b in zip(ours.values, theirs.values)]
         worst = int(np.argmax(diffs))
         out[w.name] = {"max_abs_diff": float(diffs[worst]), "request": worst,
-                       "tokens": {"radixserve": ours.tokens, "vLLM": theirs.tokens}}
+                       "tokens": {"radixserve": ours.tokens, "vLLM": theirs.tokens},
+                       "in_process_diff": max(float(np.abs(a - b).max()) for a, b in zip(ours.values, alone.values))}
     return out
 
 
@@ -407,23 +429,34 @@ def main() -> None:
     model_dir = make_tiny_model(work / "bench-qwen3", "qwen3", "causal_lm", **PRESETS["bench"])
     runs: dict = {}
     launches: list[Launch] = []
+    app_args = {**yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"],
+                "model": str(model_dir)}
+    engine = ChildProcess(peer_candidate, str(model_dir), app_args,
+                          [(task, request) for task, requests in warm_up.items() for request in requests],
+                          [(w.name, w.task, w.clients, w.requests) for w in workloads])
     for round_ in range(args.rounds):
         if round_ and time.monotonic() - began > args.budget_s:
             print(f"stopping after {round_} rounds: {args.budget_s:.0f} s budget spent", file=sys.stderr)
             break
+        if round_ % 2:
+            in_process_round(engine, workloads, runs)
         for server in (SERVERS if round_ % 2 == 0 else SERVERS[::-1]):
             launches.append(serve_round(server, round_, workloads, warm_up, model_dir, work, runs, args))
+        if round_ % 2 == 0:
+            in_process_round(engine, workloads, runs)
+    engine.close()
     agreed = agreement(workloads, runs)
     meta = {"versions": versions(args), "seconds": time.monotonic() - began,
             "load": (load_before, os.getloadavg()[0]), "instruction": INSTRUCTION, "end_token": ENDOFTEXT}
     write_report(args, workloads, runs, launches, agreed, meta)
     shutil.rmtree(work, ignore_errors=True)
-    bad = {name: a for name, a in agreed.items() if a["max_abs_diff"] > args.tolerance
+    bad = {name: a for name, a in agreed.items() if max(a["max_abs_diff"], a["in_process_diff"]) > args.tolerance
            or a["tokens"]["radixserve"] != a["tokens"]["vLLM"]}
     if bad:
-        sys.exit(f"radixserve and vLLM DISAGREE (tolerance {args.tolerance:g}, input tokens must be equal): "
-                 + "; ".join(f"{n}: max |diff| {a['max_abs_diff']:.3g} at request {a['request']}, tokens "
-                             f"{a['tokens']}" for n, a in bad.items()))
+        sys.exit(f"radixserve and vLLM, or radixserve served and in-process, DISAGREE (tolerance {args.tolerance:g}, "
+                 "input tokens must be equal): "
+                 + "; ".join(f"{n}: max |diff| {a['max_abs_diff']:.3g} at request {a['request']}, served against "
+                             f"in-process {a['in_process_diff']:.3g}, tokens {a['tokens']}" for n, a in bad.items()))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The report of the peer benchmark (`bench/peer_vllm.py`): items/s per server and workload against the targets of
-issue 30 (part 3), per-document cost against request size, score agreement, each launch's processes and start-up,
-and notes on what each server's CPU path does; as Markdown, JSON and a plot in `--out`.
+issue 30 (part 3) and against radixserve's engine in-process (what the serving costs), per-document cost against
+request size, score agreement, each launch's processes and start-up, and notes on what each server's CPU path does;
+as Markdown, JSON and a plot in `--out`.
 
 `workloads` are `peer_vllm.Workload`s, `runs` maps (side, workload name) to that side's `peer_vllm.Run` per round,
 `launches` are `peer_vllm.Launch`es: this module reads their fields and imports nothing of the benchmark's.
@@ -16,17 +17,19 @@ import numpy as np
 from machine import machine, plot_title, tiny_model
 
 SIDES = ("radixserve", "vLLM")
+IN_PROCESS = "radixserve in-process"  # the engine alone, no server (`peer_vllm.in_process_round`)
 TARGETS = {"rerank 8 docs": 1.3, "rerank 256 docs": 1.5, "embed, instruction": 1.3,
            "embed, no instruction": 1.0}  # ours / vLLM, issue 30 part 3
 
 
 def summarize(workloads: list, runs: dict) -> dict[str, dict]:
-    """Per workload and side: items/s of the median round, ms per item, p50 latency, the share of input tokens
-    computed (radixserve's N'/N; None for vLLM, which does not say); ours / vLLM of the medians and of each round."""
+    """Per workload and side (the in-process engine too): items/s of the median round, ms per item, p50 latency, the
+    share of input tokens computed (radixserve's N'/N; None for vLLM, which does not say); ours / vLLM of the medians
+    and of each round; served / in-process of the medians."""
     out = {}
     for w in workloads:
         sides = {}
-        for side in SIDES:
+        for side in (*SIDES, IN_PROCESS):
             rounds = runs[(side, w.name)]
             rates = [w.items / r.seconds for r in rounds]
             last = rounds[-1]
@@ -36,7 +39,8 @@ def summarize(workloads: list, runs: dict) -> dict[str, dict]:
                            "computed share": None if last.computed is None else last.computed / last.tokens}
         ours, theirs = sides["radixserve"]["rounds items/s"], sides["vLLM"]["rounds items/s"]
         out[w.name] = {**sides, "ratio": sides["radixserve"]["items/s"] / sides["vLLM"]["items/s"],
-                       "round ratios": [a / b for a, b in zip(ours, theirs)]}
+                       "round ratios": [a / b for a, b in zip(ours, theirs)],
+                       "served share": sides["radixserve"]["items/s"] / sides[IN_PROCESS]["items/s"]}
     return out
 
 
@@ -48,8 +52,9 @@ def command_line(args) -> str:
 
 def results_table(workloads: list, summary: dict, agreed: dict) -> list[str]:
     rows = ["| workload | clients | requests x items | radixserve items/s | vLLM items/s | **ours / vLLM** | each "
-            "round's ratio | target | radixserve N'/N | max \\|score diff\\| | input tokens, ours / vLLM |",
-            "|---|" + "---|" * 10]
+            "round's ratio | target | radixserve N'/N | max \\|score diff\\| | input tokens, ours / vLLM | radixserve "
+            "in-process items/s | served / in-process |",
+            "|---|" + "---|" * 12]
     for w in workloads:
         s, a = summary[w.name], agreed[w.name]
         met = "met" if s["ratio"] >= TARGETS[w.name] else "**not met**"
@@ -57,7 +62,8 @@ def results_table(workloads: list, summary: dict, agreed: dict) -> list[str]:
                     f"{s['radixserve']['items/s']:.1f} | {s['vLLM']['items/s']:.1f} | **{s['ratio']:.2f}** | "
                     f"{', '.join(f'{r:.2f}' for r in s['round ratios'])} | >= {TARGETS[w.name]} ({met}) | "
                     f"{s['radixserve']['computed share']:.2f} | {a['max_abs_diff']:.2g} | "
-                    f"{a['tokens']['radixserve']:,} / {a['tokens']['vLLM']:,} |")
+                    f"{a['tokens']['radixserve']:,} / {a['tokens']['vLLM']:,} | {s[IN_PROCESS]['items/s']:.1f} | "
+                    f"{s['served share']:.2f} |")
     return rows
 
 
@@ -67,7 +73,7 @@ def cost_table(summary: dict) -> list[str]:
     rows = ["| server | ms/doc, 8 docs/request (8 clients) | ms/doc, 256 docs/request (2 clients) | 256 / 8 |",
             "|---|---|---|---|"]
     rows += [f"| {side} | {small[side]['ms/item']:.1f} | {large[side]['ms/item']:.1f} | "
-             f"{large[side]['ms/item'] / small[side]['ms/item']:.2f} |" for side in SIDES]
+             f"{large[side]['ms/item'] / small[side]['ms/item']:.2f} |" for side in (*SIDES, IN_PROCESS)]
     return rows
 
 
@@ -140,6 +146,7 @@ def write_report(args, workloads: list, runs: dict, launches: list, agreed: dict
     starts += [f"| {x.round} | {x.server} | {x.start_s:.0f} | "
                f"{', '.join(f'{k}: {val}' for k, val in x.log_facts.items()) or '-'} | "
                f"{', '.join(x.left) or 'nothing'} |" for x in launches]
+    served_vs_alone = ", ".join(f"{name} {a['in_process_diff']:.2g}" for name, a in agreed.items())
     text = "\n".join([
         f"# radixserve against vLLM's CPU build, side by side\n\n{banner}Command: `{command_line(args)}` on "
         f"{machine()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {len({x.round for x in launches})} "
@@ -152,7 +159,8 @@ def write_report(args, workloads: list, runs: dict, launches: list, agreed: dict
         "\nPer-document cost against request size (reranks; below 1 in the last column: larger requests cost less "
         "per document):\n", *cost_table(summary),
         f"\nScore agreement: the largest |difference| between the servers' answers to the same requests, over every "
-        f"score (rerank) or embedding component (normalised vectors), tolerance {args.tolerance:g}. Embedding "
+        f"score (rerank) or embedding component (normalised vectors), tolerance {args.tolerance:g}; radixserve served "
+        f"against in-process (other batches, the same engine): {served_vs_alone}. Embedding "
         f"instruction ({len(meta['instruction'].split())} words): \"{meta['instruction']}\".\n",
         "Processes of each server in the first round, during its measured workloads:\n", *process_table(launches),
         "\nStart-ups:\n", *starts, "\n## Notes\n", NOTES])
@@ -176,11 +184,11 @@ def plot(summary: dict, path: Path, busy: bool) -> None:
 
     names = list(summary)
     fig, (bars, cost) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, side in enumerate(SIDES):
-        bars.bar(np.arange(len(names)) + 0.4 * i, [summary[n][side]["items/s"] for n in names], 0.4, label=side)
+    for i, side in enumerate((*SIDES, IN_PROCESS)):
+        bars.bar(np.arange(len(names)) + 0.27 * i, [summary[n][side]["items/s"] for n in names], 0.27, label=side)
         cost.plot([8, 256], [summary[n][side]["ms/item"] for n in ("rerank 8 docs", "rerank 256 docs")], "o-",
                   label=side)
-    bars.set_xticks(np.arange(len(names)) + 0.2, [f"{n}\nours / vLLM {summary[n]['ratio']:.2f}" for n in names],
+    bars.set_xticks(np.arange(len(names)) + 0.27, [f"{n}\nours / vLLM {summary[n]['ratio']:.2f}" for n in names],
                     fontsize=8)
     bars.set_ylabel("documents or texts / s")
     cost.set_xscale("log", base=2)
