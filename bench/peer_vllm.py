@@ -32,8 +32,9 @@ warm-up request per workload kind that no measured request repeats, then every m
 it; every round sends the same requests, each to a freshly started server, so no cache holds them. Per workload:
 documents (texts) per second per server (the median round), ours / vLLM, served / in-process, input tokens (they
 must be equal: the same prompts), and the largest |difference| of a score or an embedding component between the
-two servers on the same requests, which must stay under `--tolerance` (float32 on both; a wrong prompt or token
-moves scores by 1e-3 and more): the run fails loudly past it, after writing its report.
+two servers on the same requests, and between radixserve served and in-process, each of which must stay under
+`--tolerance` (float32 on both; a wrong prompt or token moves scores by 1e-3 and more): the run fails loudly past
+it, after writing its report.
 
     python bench/peer_vllm.py --vllm-python ~/vllm-venv/bin/python [--rounds 2] [--busy]
 """
