@@ -8,7 +8,7 @@ tasks over radixserve.v1 and tei.v1, bad input, a missing key), then the scrape:
   what the answers read from it, within the tokens looked up; evictions, bytes held within the budget, the budget;
 * the compression histogram, the batch counter and each stage histogram have one observation per batch the
   engine replicas ran (their own count, from `info`);
-* requests split into parts of one prefix key over two engine replicas with `load_factor: 1` spill, a key whose
+* a burst of one prefix key's requests over two engine replicas with `load_factor: 1` spills, a key whose
   ring owner did far more recent work than the other replica moves, and killed IndexBuilders are counted as restarts;
 * every metric the Grafana dashboard (k8s/monitoring/) queries is among those exported;
 * a client's `x-request-id` comes back in the trailing metadata and names the call in the ingress's and the
@@ -46,6 +46,10 @@ KEY = "metrics-key"
 CACHE_BYTES = 256 * 1280  # 256 rows of the tiny preset's K/V and states (1,280 bytes each)
 AUTH = [("authorization", f"Bearer {KEY}")]
 TRACE_ID = "trace-metrics-7"
+# a batch that does not start on an idle replica waits this long to fill: a burst's requests stay outstanding on their
+# key's owner while the ingress routes the rest, so they spill however fast the replicas answer (at the default
+# 10 ms, a CI run whose ingress routed the burst no faster than the replica answered it saw no spill)
+BURST_WAIT_S = 0.5
 DOCS = [f"passage {i}: a radix tree stores strings by shared prefixes, {'and more ' * i}" for i in range(5)]
 pytestmark = [pytest.mark.serve, pytest.mark.slow, pytest.mark.timeout(240)]  # a Ray of its own
 
@@ -63,6 +67,7 @@ def served(tiny_model_dir, tmp_path_factory, start_local_ray_with_metrics):
                     http_options={"host": "127.0.0.1", "port": http_port})
         serve.run(build({"model": str(tiny_model_dir("qwen3", "causal_lm")), "auth": {"api_keys_file": str(keys_file)},
                          "router": {"load_factor": 1.0}, "limits": {"max_request_tokens": 150},
+                         "batching": {"batch_wait_timeout_s": BURST_WAIT_S},
                          "engine": {"prefix_cache_bytes": CACHE_BYTES},
                          "placement": {"engine": {"num_replicas": 2, "cpus": 0.5}, "ingress": {"cpus": 0.5}}}),
                   name="radixserve", route_prefix="/", logging_config={"log_level": "DEBUG"})
