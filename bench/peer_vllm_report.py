@@ -47,7 +47,8 @@ def summarize(workloads: list, runs: dict) -> dict[str, dict]:
 def command_line(args) -> str:
     return (f"python bench/peer_vllm.py --vllm-python {args.vllm_python} --vllm-cores {args.vllm_cores} "
             f"--vllm-kv-gib {args.vllm_kv_gib} --rounds {args.rounds} --requests-8 {args.requests_8} --requests-256 "
-            f"{args.requests_256} --embed-requests {args.embed_requests}" + (" --busy" if args.busy else ""))
+            f"{args.requests_256} --embed-requests {args.embed_requests} --topology {args.topology}"
+            + (" --busy" if args.busy else ""))
 
 
 def results_table(workloads: list, summary: dict, agreed: dict) -> list[str]:

@@ -8,8 +8,9 @@ CPU) and the same request streams for every configuration:
   (`Engine.warm_up`: without it `auto` chooses by an uncalibrated cost model), in a child process without Ray
   (`bench/child_process.py` says why);
 * `served`: the application as `serve run serve_config.yaml` builds it (`deployments.app:build` with the YAML's
-  args, `placement.accelerator: cpu`, one engine replica, CPU reservations and the radix mode at their defaults),
-  called through Ray Serve's gRPC proxy by `--clients` concurrent `ScoringClient`s;
+  args, `placement.accelerator: cpu`, one engine replica, `placement.topology` as `--topology` says, CPU
+  reservations and the radix mode at their defaults), called through Ray Serve's gRPC proxy by `--clients`
+  concurrent `ScoringClient`s;
 * each of those with the prefix cache at its default (`engine.prefix_cache_bytes: auto`) and off (`0`);
 * `padded baseline` (`bench/padded_baseline.py`): a Ray Serve deployment with `@serve.batch` running
   transformers' `AutoModelForCausalLM` on right-padded batches (the reranker's yes/no logits, the LM head at the
@@ -31,6 +32,7 @@ served: a cache then saves what a stream shares, never a round's answers to the 
 requests sent again would be: the embedding texts would all be cached after two rounds).
 
     python bench/serve_bench.py [--clients 8] [--queries 12] [--docs 32] [--streams rerank embed] [--no-baseline]
+                                [--topology split|combined]
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def items(request: dict) -> int:
 
 
 def compare(model_dir: str, cache: str, rounds: list[list[tuple[str, dict]]], clients: int, config: dict,
-            port: int) -> dict[str, dict]:
+            port: int, topology: str) -> dict[str, dict]:
     """In-process and served with the prefix cache `cache`, round by round (each sends every request of its round
     once; the first round is a warm-up), alternating which goes first, so the machine's drift touches both
     alike. Each gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of
@@ -91,7 +93,7 @@ def compare(model_dir: str, cache: str, rounds: list[list[tuple[str, dict]]], cl
     engine = ChildProcess(serve_bench_candidate, model_dir, CACHES[cache], rounds, clients)
     app = config["applications"][0]
     args = {**app["args"], "model": model_dir, "engine": {"prefix_cache_bytes": CACHES[cache]},
-            "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
+            "placement": {"accelerator": "cpu", "topology": topology, "engine": {"num_replicas": 1}}}
     handle = serve.run(build(args), name="radixserve", route_prefix="/")
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
         runners = {"in-process": lambda r: engine.call("in-process", r),
@@ -205,6 +207,8 @@ def main() -> None:
     parser.add_argument("--streams", nargs="+", choices=("rerank", "embed"), default=["rerank", "embed"])
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="leave the padded baseline out (a shorter run)")
+    parser.add_argument("--topology", choices=("split", "combined"), default="split",
+                        help="placement.topology of the served application")
     args = parser.parse_args()
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",
                                     **PRESETS["bench"]))
@@ -216,7 +220,7 @@ def main() -> None:
     config, port = start_serve()
     for name, rounds in work.items():
         for cache in CACHES:
-            compared = compare(model_dir, cache, rounds, args.clients, config, port)
+            compared = compare(model_dir, cache, rounds, args.clients, config, port, args.topology)
             results.update({(name, label): r for label, r in compared.items()})
         if args.baseline:
             results[name, "padded baseline"] = baseline(model_dir, rounds[-1], args.clients, cpus)
@@ -243,7 +247,8 @@ def write_report(results: dict, args, cpus: float, loads: tuple[float, float]) -
                    for (stream, label), t in traced]
     command = (f"python bench/serve_bench.py --clients {args.clients} --queries {args.queries} --docs {args.docs} "
                f"--request-docs {args.request_docs} --embed-texts {args.embed_texts} --repeats {args.repeats} "
-               f"--streams {' '.join(args.streams)}" + ("" if args.baseline else " --no-baseline"))
+               f"--streams {' '.join(args.streams)} --topology {args.topology}"
+               + ("" if args.baseline else " --no-baseline"))
     text = (f"# The served path\n\nCommand: `{command}` ({cpus:.0f} CPUs, 1-minute load average {loads[0]:.1f} "
             f"before and {loads[1]:.1f} after, `bench` preset Qwen3, float32; see the script's docstring for each "
             "configuration). In-process and served alternate round by round; each row is its round of median time. "

@@ -262,6 +262,13 @@ class PlacementSettings(StrictSettings):
 
     accelerator: Accelerator = Field(
         "auto", description="gpu: one GPU per engine replica; auto: gpu when the Ray cluster has GPUs, else cpu.")
+    topology: Literal["split", "combined"] = Field(
+        "split", description="split: ingress and engine replicas are deployments of their own, and the ingress "
+                             "routes each prefix key to one engine replica (PrefixAffinityRouter); combined: each "
+                             "ingress replica runs an engine replica in its own process (one Ray hop and one process "
+                             "fewer a request; the proxy picks replicas by load, not by prefix), with placement."
+                             "engine's replicas, reservations and health timeout. combined suits one engine replica "
+                             "(a one-GPU node, a CPU machine); deployments/engine_link.py.")
     engine: EngineDeployment = Field(default_factory=EngineDeployment, description="The engine replicas.")
     ingress: IngressDeployment = Field(default_factory=IngressDeployment, description="The ingress replicas.")
     niceness: int = Field(
@@ -270,6 +277,13 @@ class PlacementSettings(StrictSettings):
                                     "the CPU). 0: the priority of the node's other processes; at 15 a CPU engine "
                                     "gets about 1/28 of a core against each busy process at 0 (CFS weights 36 and "
                                     "1024).")
+
+    @model_validator(mode="after")
+    def _one_replica_count(self) -> PlacementSettings:
+        if self.topology == "combined" and {"num_replicas", "autoscaling"} & self.ingress.model_fields_set:
+            raise ValueError("placement.topology combined runs the engine inside the ingress replicas, whose count "
+                             "is placement.engine's: remove placement.ingress.num_replicas and .autoscaling")
+        return self
 
 
 class AppArgs(StrictSettings):

@@ -4,6 +4,7 @@ deployment options for the cluster at hand.
     cluster = ClusterShape.of_ray()
     engine = EngineReplica.options(**engine_options(args, cluster)).bind(args, engine_config(args, cluster))
     Ingress.options(**ingress_options(args, cluster)).bind(engine, args)
+    Ingress.options(**combined_options(args, cluster)).bind(engine_config(args, cluster), args)  # combined
 
 `accelerator: auto` is gpu when the cluster has a GPU now. CPU reservations left unset follow the node: beside
 GPUs each replica reserves 1 CPU; on a CPU-only cluster an ingress replica reserves CPU_INGRESS_CPUS and the engine
@@ -156,6 +157,19 @@ def ingress_options(args: AppArgs, cluster: ClusterShape) -> dict[str, Any]:
     return {**replica_options(ingress), "max_ongoing_requests": ingress.max_ongoing_requests,
             "ray_actor_options": {"num_cpus": ingress_cpus(args.placement, cluster),
                                   "runtime_env": worker_env(args.placement)}}
+
+
+def combined_options(args: AppArgs, cluster: ClusterShape) -> dict[str, Any]:
+    """`Deployment.options()` for an ingress that runs its engine replica itself (`placement.topology: combined`):
+    the engine's replicas (capped as `engine_options` caps them) and health timeout, the ingress's bound on the
+    calls the proxies hand it, and both reservations in one actor."""
+    engine, ingress = engine_options(args, cluster), ingress_options(args, cluster)
+    replicas = {key: engine[key] for key in ("num_replicas", "autoscaling_config") if key in engine}
+    resources = engine["ray_actor_options"]
+    return {**replicas, "max_ongoing_requests": ingress["max_ongoing_requests"],
+            "health_check_timeout_s": engine["health_check_timeout_s"],
+            "ray_actor_options": {**resources,
+                                  "num_cpus": resources["num_cpus"] + ingress["ray_actor_options"]["num_cpus"]}}
 
 
 def worker_env(placement: PlacementSettings) -> dict[str, Any]:

@@ -8,7 +8,8 @@
 2. key: `prefix_key`, a hash of the token ids every sequence of the request starts with (`TaskJob.shared_ids`: the
    template's system prompt, instruction and query for rerank, the instruction for embed, the few-shot prefix for
    classify, the context for score), exactly what the radix trie deduplicates. `PrefixAffinityRouter` sends one
-   key to one engine replica, where the batcher puts the parts of one prefix into one batch;
+   key to one engine replica (`placement.topology: split`), where the batcher puts the parts of one prefix into one
+   batch;
 3. submit: all parts in one engine call (`EngineRequest`: admitted, refused and cancelled as one), with the call's
    prefix cache scope (`deployments.auth.cache_scope`: its API key's digest, so tenants never read each other's
    cached K/V); the replica returns an overload refusal as a value (`QueueFullError`), raised here;
@@ -19,8 +20,8 @@ This module knows no transport: it takes a typed request (`radix_core.tasks.Task
 returns the task's result or raises. Each transport (`deployments.grpc_api`, `deployments.http`) maps its wire
 format to a request and the errors to its own codes and field names.
 
-A call cancelled by its client (a gRPC deadline or cancel, an HTTP disconnect: Ray Serve cancels the ingress call
-and the engine call it awaits) leaves the engine's queue; `answer_all`, for a client request made of several
+A call cancelled by its client (a gRPC deadline or cancel, an HTTP disconnect: Ray Serve cancels the ingress call,
+and with it the engine call it awaits) leaves the engine's queue; `answer_all`, for a client request made of several
 task requests (a tei.v1 stream over several queries, TEI's /predict), cancels the others when one fails.
 """
 
@@ -31,19 +32,19 @@ import hashlib
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from ray.serve.handle import DeploymentHandle
-
 from deployments.auth import cache_scope
 from deployments.batcher import QueueFullError
+from deployments.engine_link import EngineLink
 from deployments.engine_request import EngineRequest, Priority
 from deployments.metrics import StageTrace, count_usage
 from radix_core.tasks import Task, TaskContext, TaskJob, TaskRequest, task_for
 
 
 class RequestPath:
-    """The path of a request from its typed value to its result, over the engine deployment `engine`."""
+    """The path of a request from its typed value to its result, over the `engine` link (`deployments.engine_link`:
+    the engine deployment, or an engine replica in this process)."""
 
-    def __init__(self, engine: DeploymentHandle, context: TaskContext, max_request_tokens: int, trace: StageTrace):
+    def __init__(self, engine: EngineLink, context: TaskContext, max_request_tokens: int, trace: StageTrace):
         """`trace`: where each call's encode, engine and merge seconds go (`IngressMetrics.stages`)."""
         self.engine = engine
         self.context = context
@@ -58,7 +59,7 @@ class RequestPath:
             job, parts = await asyncio.to_thread(self._encode, task, request)
         self.submitted_parts += len(parts)
         with self.trace.stage("engine"):
-            reply = await self.engine.submit.remote(EngineRequest.of(parts, prefix_key(job), priority, cache_scope()))
+            reply = await self.engine.submit(EngineRequest.of(parts, prefix_key(job), priority, cache_scope()))
         if isinstance(reply, QueueFullError):
             raise reply
         with self.trace.stage("merge"):

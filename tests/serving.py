@@ -109,11 +109,17 @@ def held_compute(timeout_s: float = 60.0) -> Iterator[Callable[[], int]]:
     test never end it): the requests a test sends inside queue in the batcher, and its first batch waits to be
     built, as they would behind a long batch, however fast or slow the machine. Yields `ongoing()`: the requests
     the replicas hold now (Serve's count: queued, in a batch, or waiting for their answer), for the test to wait
-    until its calls all arrived."""
-    actors = replica_actors("EngineReplica")
+    until its calls all arrived. With `placement.topology: combined` the engine replicas are the ingress's."""
+    actors = replica_actors("EngineReplica") or replica_actors("Ingress")
+
+    def engine_replica(actor):  # runs in the replica's process
+        from deployments.engine_link import LocalEngine
+
+        user = actor._replica_impl._user_callable_wrapper.user_callable
+        return user.engine.replica if isinstance(user.engine, LocalEngine) else user
 
     def hold(actor, seconds: float) -> None:  # runs in the replica's process (a closure: pickled by value)
-        replica = actor._replica_impl._user_callable_wrapper.user_callable
+        replica = engine_replica(actor)
         replica.test_release, started = threading.Event(), threading.Event()
 
         def wait() -> None:
@@ -125,7 +131,7 @@ def held_compute(timeout_s: float = 60.0) -> Iterator[Callable[[], int]]:
             raise TimeoutError(f"the compute thread did not take the hold within {seconds} s")
 
     def release(actor) -> None:
-        actor._replica_impl._user_callable_wrapper.user_callable.test_release.set()
+        engine_replica(actor).test_release.set()
 
     ray.get([actor.__ray_call__.remote(hold, timeout_s) for actor in actors])
     try:

@@ -1,8 +1,9 @@
 """The gRPC API end to end on a local Ray: Ray Serve's gRPC proxy on a loopback port with serve_config.yaml's
 servicers, the application built from a tiny model, called with grpcio, the client CLI in-process and as a
 subprocess. Answers equal the library's; each bad input gets its status code and a message naming the field and
-the limit; API keys; health; back-pressure; load shedding. Three configurations are deployed in turn (open, keyed
-with a one-request engine queue, a small token queue); each test asks for the one it needs.
+the limit; API keys; health; back-pressure; load shedding. Four configurations are deployed in turn (open, keyed
+with a one-request engine queue, a small token queue, the combined topology); each test asks for the one it
+needs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import ray
+from ray import serve
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serving import ROOT, GrpcDeployment, held_compute, wait_for
 
@@ -45,6 +47,7 @@ class Deployment(GrpcDeployment):
                   "limits": {"max_request_bytes": MAX_REQUEST_BYTES},
                   "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.5}}},
             configs={"open": {},
+                     "combined": {"placement": {"topology": "combined"}},
                      "keyed": {"auth": {"api_keys_file": str(keys_file)}, "batching": {"batch_wait_timeout_s": 1.0},
                                "placement": {"engine": {"max_ongoing_requests": 1, "max_queued_requests": 1}}},
                      "shedding": {"batching": {"max_queued_tokens": 400, "max_batch_tokens": 300,
@@ -83,8 +86,9 @@ def keyed_app(deployment) -> Deployment:
     return deployment.use("keyed")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(model_dir) -> Engine:
+    """A fresh engine per test: its prefix cache holds what an earlier test ran, which a fresh replica computes."""
     return Engine.from_pretrained(model_dir, device="cpu")
 
 
@@ -97,7 +101,12 @@ def assert_usage(reply, local) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_every_rpc_returns_what_the_library_returns(open_app, engine, model_dir):
+@pytest.mark.parametrize("topology", ["split", "combined"])
+def test_every_rpc_returns_what_the_library_returns(deployment, topology, engine, model_dir):
+    """Either topology (`placement.topology`: the engine a deployment of its own, or run by the ingress replica)."""
+    open_app = deployment.use("open" if topology == "split" else "combined")
+    deployments = {"split": {"Ingress", "EngineReplica"}, "combined": {"Ingress"}}[topology]
+    assert set(serve.status().applications["radixserve"].deployments) == deployments
     stub = open_app.stub
     reply = stub.Rerank(pb.RerankRequest(query=QUERY, documents=DOCS, top_n=3, return_documents=True), timeout=60)
     local = engine.rerank(QUERY, DOCS, top_n=3, return_documents=True)
@@ -129,6 +138,7 @@ def test_every_rpc_returns_what_the_library_returns(open_app, engine, model_dir)
                                                                         list(TASKS), "auto")
     assert (info.limits.max_items, info.limits.max_request_bytes) == (MAX_ITEMS, MAX_REQUEST_BYTES)
     assert info.limits.max_seq_len == engine.info["max_seq_len"] and info.family == "qwen3"
+    assert serve.get_app_handle("radixserve").info.remote().result(timeout_s=30)["computed_tokens"] > 0
 
 
 BAD_INPUTS = {

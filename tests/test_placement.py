@@ -11,6 +11,7 @@ from deployments.config import MODEL_ENV, AppArgs
 from deployments.placement import (
     ROUTER_CLASS,
     ClusterShape,
+    combined_options,
     engine_config,
     engine_options,
     ingress_options,
@@ -129,3 +130,32 @@ def test_default_cpu_reservations_follow_the_node(placement, gpus, node_cpus, en
     cluster = ClusterShape(gpus, node_cpus)
     assert engine_options(args, cluster)["ray_actor_options"]["num_cpus"] == engine_cpus
     assert ingress_options(args, cluster)["ray_actor_options"]["num_cpus"] == ingress_cpus
+
+
+@pytest.mark.parametrize("gpus, node_cpus, cpus, num_gpus", [
+    (0, 2, 2.0, 0),  # a CPU machine: the ingress's share and the engine's, the node's two cores
+    (1, 16, 2.0, 1),  # beside a GPU: one CPU each, and the engine's GPU
+])
+def test_combined_replicas_reserve_the_engine_and_the_ingress(gpus, node_cpus, cpus, num_gpus):
+    args = app_args(placement={"topology": "combined", "engine": {"num_replicas": 1}})
+    cluster = ClusterShape(gpus, node_cpus, node_cpus)
+    options = combined_options(args, cluster)
+    engine, ingress = engine_options(args, cluster), ingress_options(args, cluster)
+    assert options["num_replicas"] == 1 and "autoscaling_config" not in options
+    assert options["max_ongoing_requests"] == ingress["max_ongoing_requests"]  # the proxies' calls, as the ingress's
+    assert options["health_check_timeout_s"] == engine["health_check_timeout_s"]  # the engine's probe runs here
+    assert options["ray_actor_options"] == {**engine["ray_actor_options"], "num_cpus": cpus, "num_gpus": num_gpus}
+
+
+def test_combined_replicas_autoscale_as_the_engine_would():
+    args = app_args(placement={"topology": "combined", "engine": {"autoscaling": {"max_replicas": 8}}})
+    cluster = ClusterShape(0, 2, 2)
+    assert combined_options(args, cluster)["autoscaling_config"] == engine_options(args, cluster)["autoscaling_config"]
+
+
+@pytest.mark.parametrize("ingress", [{"num_replicas": 2}, {"autoscaling": {}}])
+def test_combined_refuses_an_ingress_replica_count(ingress):
+    with pytest.raises(ValueError, match="topology combined runs the engine inside the ingress replicas, whose "
+                                         "count is placement.engine's: remove placement.ingress.num_replicas"):
+        app_args(placement={"topology": "combined", "ingress": ingress})
+    assert app_args(placement={"topology": "combined", "ingress": {"cpus": 0.5}}).placement.topology == "combined"

@@ -43,17 +43,23 @@ def documents(n: int, seed: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def app(tiny_model_dir, serve_cluster):
+def deployment(tiny_model_dir, serve_cluster):
     """The default configuration with the `small` preset: heavy enough that a 1000-document rerank takes seconds
     on the device, so what an abandoned one leaves behind can be seen."""
     model = str(tiny_model_dir("qwen3", "causal_lm", "small"))
-    served = GrpcDeployment(base={"model": model}, configs={"default": {}},
+    served = GrpcDeployment(base={"model": model},
+                            configs={"default": {}, "combined": {"placement": {"topology": "combined"}}},
                             probe=lambda channel: ScoringStub(channel).Info(pb.InfoRequest(), timeout=10))
     try:
         served.start(serve_cluster)
-        yield served.use("default")
+        yield served
     finally:
         served.stop()
+
+
+@pytest.fixture
+def app(deployment) -> GrpcDeployment:
+    return deployment.use("default")
 
 
 def ingress_info() -> dict:
@@ -212,23 +218,28 @@ def _http_disconnect(app, request):
         httpx.post(f"http://127.0.0.1:{app.http_port}/v2/rerank", json=body, timeout=1.0)
 
 
-LEAVES = [_grpc_deadline, _grpc_cancel, _client_timeout, _http_disconnect]
+LEAVES = [(_grpc_deadline, "default"), (_grpc_cancel, "default"), (_client_timeout, "default"),
+          (_http_disconnect, "default"), (_grpc_cancel, "combined"), (_http_disconnect, "combined")]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("leave", LEAVES, ids=["grpc-deadline", "grpc-cancel", "client-timeout", "http-disconnect"])
-def test_a_request_whose_client_went_away_leaves_the_replica(app, leave):
+@pytest.mark.parametrize("case", range(len(LEAVES)), ids=["grpc-deadline", "grpc-cancel", "client-timeout",
+                                                          "http-disconnect", "combined-grpc-cancel",
+                                                          "combined-http-disconnect"])
+def test_a_request_whose_client_went_away_leaves_the_replica(deployment, case):
     """A 1000-document rerank abandoned after 1 s, queued behind a busy compute thread (held, so no part runs before
     the client leaves however fast the machine: on a fast one most of its 21 parts ran within that second): the
     request leaves the engine replica, most of its parts never run, and a small request sent right after answers
     within a few batch times instead of waiting for the whole abandoned request (seconds). Each case sends documents
     of its own: the prefix cache admits a sequence the second time it sees it, so documents an earlier case sent
-    would be read from the cache."""
+    would be read from the cache. The last two cases run on the combined topology (the engine replica inside the
+    ingress replica), where cancelling the ingress's call cancels the engine's directly."""
+    leave, config = LEAVES[case]
+    app = deployment.use(config)
     unloaded = min(small_latency(app) for _ in range(3))
     ran_before, sent_before = parts_run_and_sent()
     with held_compute() as ongoing:
-        leave(app, pb.RerankRequest(query="an abandoned query",
-                                    documents=documents(1000, seed=100 + LEAVES.index(leave))))
+        leave(app, pb.RerankRequest(query="an abandoned query", documents=documents(1000, seed=100 + case)))
         wait_for(lambda: ongoing() == 0, 60, "the abandoned request leaving the engine replica")
     latency = small_latency(app)
     time.sleep(2.0)  # whatever of the abandoned request still ran would have run by now
