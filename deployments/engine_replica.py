@@ -6,7 +6,9 @@ it costs. The batcher admits the request whole or refuses it whole, groups parts
 and drops the parts of a request whose call was cancelled; the replica's `IndexBuilder` actor indexes batch k+1
 while batch k runs here, and a batch formed while the device is idle is indexed on the compute thread (nothing runs
 for the actor's build to overlap; its call only adds latency: 3-4 ms of a 40-50 ms 8-document `tiny` request on 2
-CPUs); the request gets its parts' partial results back, which the ingress merges.
+CPUs); the request gets its parts' partial results back, which the ingress merges. With `placement.topology:
+combined` there is no engine deployment: each ingress replica makes an `EngineReplica` in its own process and calls
+`submit` directly (`deployments.engine_link.LocalEngine`).
 
 A refusal is returned, not raised (`QueueFullError` as the call's value): Ray Serve logs every exception a
 replica method raises at ERROR with its stack trace, and a refusal is routine under load (the ingress logs it as

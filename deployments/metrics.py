@@ -39,6 +39,9 @@ Durations are seconds, with the unit in the name, as TEI (`te_*`) and Ray Serve 
       radixserve_prefix_cache_evictions_total                cached segments evicted to make room
       radixserve_prefix_cache_bytes, _budget_bytes           gauges: K/V held now, and the budget
 
+With `placement.topology: combined` an ingress replica runs its engine replica: the engine's metrics come from it
+(tagged `deployment="Ingress"`), and there is no router, so none of the router's.
+
 `api` is the face a request came in by: `grpc` (radixserve.v1), `tei_grpc` (tei.v1), and `http_<dialect>` for
 each HTTP dialect (`http_api(dialect.name)`). `code` is a gRPC status name for every api, so one dashboard
 query covers all of them. Ray exports a counter only once it has counted something (it refuses an increment of 0),

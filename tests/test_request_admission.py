@@ -44,8 +44,9 @@ def documents(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def deployment(tiny_model_dir, serve_cluster):
-    """The default configuration with the `small` preset: heavy enough that a 1000-document rerank takes seconds
-    on the device, so what an abandoned one leaves behind can be seen."""
+    """The default configuration (and the combined topology, for two of the cancellation cases) with the `small`
+    preset: heavy enough that a 1000-document rerank takes seconds on the device, so what an abandoned one leaves
+    behind can be seen."""
     model = str(tiny_model_dir("qwen3", "causal_lm", "small"))
     served = GrpcDeployment(base={"model": model},
                             configs={"default": {}, "combined": {"placement": {"topology": "combined"}}},
