@@ -19,8 +19,8 @@ import grpc
 import numpy as np
 import pytest
 import ray
-from ray import serve
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ray import serve
 from serving import ROOT, GrpcDeployment, held_compute, wait_for
 
 import radixserve
