@@ -11,7 +11,7 @@ crosses Ray twice more (ingress -> engine replica and back), and each replica is
 
 **combined**: the ingress replica builds its `EngineReplica` itself and calls it in the same process and event
 loop: a request takes one Ray hop fewer, and the node runs one replica process fewer beside the forward (what
-that saves: README, "Topology"). Ray Serve's proxy then picks the replica by load, knowing no prefix key: with
+that saves: README, "Serving: what runs where"). Ray Serve's proxy then picks the replica by load, knowing no prefix key: with
 several replicas, requests of one prefix no longer meet in one replica's batches and prefix cache. For one engine
 replica (a one-GPU node, a CPU machine) that costs nothing.
 
