@@ -47,6 +47,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import ray
@@ -62,6 +63,7 @@ from wire import TRANSPORTS
 from workloads import MsMarco, msmarco_texts, rerank_stream, token_counter
 
 from deployments.app import build
+from deployments.config import Topology
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
 SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
@@ -220,7 +222,7 @@ def main() -> None:
     parser.add_argument("--padded-batch", type=int, default=64, help="plain transformers' batch size")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--topology", choices=("split", "combined"), default="split",
+    parser.add_argument("--topology", choices=get_args(Topology), default="split",
                         help="placement.topology of the served application")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import httpx
 import numpy as np
@@ -70,6 +71,7 @@ from peer_vllm_processes import TAG_ENV, ProcessTable, kill_tagged, tagged
 from peer_vllm_report import IN_PROCESS, write_report
 from workloads import MsMarco, QueryPassages, msmarco_texts, rerank_stream, token_counter
 
+from deployments.config import Topology
 from radix_core.templates import QWEN3_EMBEDDING, QWEN3_RERANKER
 from radix_core.tiny_models import ENDOFTEXT, PRESETS, make_tiny_model, make_tiny_tokenizer
 
@@ -422,7 +424,7 @@ def main() -> None:
                         help="the machine was shared: the report says its figures are no measurement")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--topology", choices=("split", "combined"), default="split",
+    parser.add_argument("--topology", choices=get_args(Topology), default="split",
                         help="radixserve's placement.topology")
     args = parser.parse_args()
     if not args.vllm_python:

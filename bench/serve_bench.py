@@ -43,6 +43,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import ray
@@ -63,6 +64,7 @@ from workloads import (
 
 from deployments.app import build
 from deployments.batcher import BATCH_STAGES
+from deployments.config import Topology
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
 
@@ -207,7 +209,7 @@ def main() -> None:
     parser.add_argument("--streams", nargs="+", choices=("rerank", "embed"), default=["rerank", "embed"])
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="leave the padded baseline out (a shorter run)")
-    parser.add_argument("--topology", choices=("split", "combined"), default="split",
+    parser.add_argument("--topology", choices=get_args(Topology), default="split",
                         help="placement.topology of the served application")
     args = parser.parse_args()
     model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / "bench-qwen3", "qwen3", "causal_lm",

@@ -42,6 +42,7 @@ MODEL_ENV = "RADIXSERVE_MODEL"
 SERVER_DEVICES = ("auto", "cpu")  # engine.device in a server: the replica's GPU reservation decides the rest
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 Accelerator = Literal["auto", "gpu", "cpu"]
+Topology = Literal["split", "combined"]  # placement.topology
 
 
 def reject_unknown_keys(owner: type, data: Any) -> Any:
@@ -262,7 +263,7 @@ class PlacementSettings(StrictSettings):
 
     accelerator: Accelerator = Field(
         "auto", description="gpu: one GPU per engine replica; auto: gpu when the Ray cluster has GPUs, else cpu.")
-    topology: Literal["split", "combined"] = Field(
+    topology: Topology = Field(
         "split", description="split: ingress and engine replicas are deployments of their own, and the ingress "
                              "routes each prefix key to one engine replica (PrefixAffinityRouter); combined: each "
                              "ingress replica runs an engine replica in its own process (one Ray hop and one process "
