@@ -78,6 +78,7 @@ from radix_core.tiny_models import ENDOFTEXT, PRESETS, make_tiny_model, make_tin
 # A Qwen3-Embedding instruction of 20 words: the shared prefix of the instructed embedding workload.
 INSTRUCTION = ("Given a web search query from a user of a search engine, retrieve the relevant passages that answer "
                "the query")
+EMBED_TEXTS = 16  # texts per embedding request
 START_TIMEOUT_S, STOP_TIMEOUT_S, EXIT_GRACE_S, REQUEST_TIMEOUT_S = 600.0, 90.0, 10.0, 600.0
 
 
@@ -232,11 +233,15 @@ def rerank_chat_template() -> str:
 def make_workloads(args, rng: np.random.Generator) -> tuple[list[Workload], dict[str, list[dict]]]:
     """The measured workloads and one warm-up request per kind, from distinct queries and passages."""
     small_queries = math.ceil(args.requests_8 * 8 / 32)
+    embed_texts = 2 * args.embed_requests * EMBED_TEXTS  # both kinds
+    extra = math.ceil(max(0, embed_texts - small_queries * (256 - 32)) / 256)  # groups beyond the small ones' spares
     groups = msmarco_texts(rng, token_counter(make_tiny_tokenizer()),
-                           MsMarco(queries=small_queries + args.requests_256 + 1, passages_per_query=256))
-    small, large, warm = groups[:small_queries], groups[small_queries:-1], groups[-1]
-    spare = iter([p for g in small for p in g.passages[32:]])  # passages no rerank request holds
-    texts = {kind: [[next(spare) for _ in range(16)] for _ in range(args.embed_requests)] for kind in ("yes", "no")}
+                           MsMarco(queries=small_queries + args.requests_256 + 1 + extra, passages_per_query=256))
+    small, large = groups[:small_queries], groups[small_queries:small_queries + args.requests_256]
+    warm, more = groups[small_queries + args.requests_256], groups[small_queries + args.requests_256 + 1:]
+    spare = iter([p for g in small for p in g.passages[32:]] + [p for g in more for p in g.passages])  # no rerank's
+    texts = {kind: [[next(spare) for _ in range(EMBED_TEXTS)] for _ in range(args.embed_requests)]
+             for kind in ("yes", "no")}
     rerank_8 = rerank_stream([QueryPassages(g.query, g.passages[:32]) for g in small], 8, rng)[:args.requests_8]
     workloads = [
         Workload("rerank 8 docs", "rerank", 8, rerank_8),
@@ -418,7 +423,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=600, help="start no round after this many seconds")
     parser.add_argument("--requests-8", type=int, default=32, help="8-document rerank requests")
     parser.add_argument("--requests-256", type=int, default=2, help="256-document rerank requests")
-    parser.add_argument("--embed-requests", type=int, default=16, help="embedding requests of 16 texts, each kind")
+    parser.add_argument("--embed-requests", type=int, default=16,
+                        help=f"embedding requests of {EMBED_TEXTS} texts, each kind")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |score difference| accepted")
     parser.add_argument("--busy", action="store_true",
                         help="the machine was shared: the report says its figures are no measurement")

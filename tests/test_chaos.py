@@ -107,8 +107,11 @@ def test_a_killed_engine_replica_fails_in_flight_requests_fast_and_retries_succe
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_ingress_replica_loses_nothing_silently(local_app):
-    address = local_app()
+@pytest.mark.parametrize("topology", ["split", "combined"])
+def test_a_killed_ingress_replica_loses_nothing_silently(local_app, topology):
+    """With `placement.topology: combined` the killed replica holds the engine too: its restart loads the model
+    again, and the clients' retries wait for it."""
+    address = local_app(placement={"topology": topology, "engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}})
     load = Load(address, retries=6).start()
     time.sleep(1.0)
     ray.kill(replica_actors("Ingress")[0], no_restart=False)
@@ -120,10 +123,11 @@ def test_a_killed_ingress_replica_loses_nothing_silently(local_app):
 
 
 @pytest.mark.timeout(300)
-def test_a_call_in_flight_on_a_killed_ingress_replica_ends_unavailable(local_app):
+@pytest.mark.parametrize("topology", ["split", "combined"])
+def test_a_call_in_flight_on_a_killed_ingress_replica_ends_unavailable(local_app, topology):
     """Ray's proxy answers INTERNAL when the replica it forwarded a call to dies; the call never reached an answer
-    and is safe to retry, so the client is told UNAVAILABLE."""
-    address = local_app()
+    and is safe to retry, so the client is told UNAVAILABLE. Combined, the call dies with its batch's replica."""
+    address = local_app(placement={"topology": topology, "engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}})
     docs = [f"passage {i}: {'a radix tree stores strings by their shared prefixes ' * 12}" for i in range(1000)]
     outcome: list[tuple[str, float]] = []
 

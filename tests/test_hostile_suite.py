@@ -31,16 +31,18 @@ FLOOD = 1030  # over the ingress replica's 1,024 request slots
 DOCS = ["A trie is a prefix tree.", "Bread rises in a warm oven."]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
+@pytest.fixture(scope="module", params=["split", "combined"])
+def server(request, tiny_model_dir):
+    """The shipped topology, and the combined one (the engine in the replica that parses the hostile input)."""
     with tempfile.TemporaryDirectory(prefix="rs-suite-", dir="/tmp") as path:  # Ray's socket paths stay short
-        yield from _launched(tiny_model_dir(), Path(path))
+        yield from _launched(tiny_model_dir(), Path(path), request.param)
 
 
-def _launched(model: Path, workdir: Path):
+def _launched(model: Path, workdir: Path, topology: str):
     http_port, grpc_port = free_port(), free_port()
     config = write_config(workdir / "c.yaml", http_port, grpc_port, auth={"api_keys_env": "SUITE_KEYS"},
-                          tasks={"max_items": MAX_ITEMS}, limits={"client_input_timeout_s": 5.0})
+                          tasks={"max_items": MAX_ITEMS}, limits={"client_input_timeout_s": 5.0},
+                          placement={"topology": topology})
     launched = Launched(config, model, workdir, env={"SUITE_KEYS": KEY})
     try:
         with ScoringClient(f"127.0.0.1:{grpc_port}", api_key=KEY, timeout_s=60, retries=0) as client:

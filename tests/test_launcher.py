@@ -170,14 +170,17 @@ def test_the_config_check_loads_neither_torch_nor_transformers(tmp_path):
 
 @pytest.mark.serve
 @pytest.mark.slow
-def test_sigterm_drains_in_flight_requests_and_exits_0(tiny_model_dir, workdir):
+@pytest.mark.parametrize("topology", ["split", "combined"])
+def test_sigterm_drains_in_flight_requests_and_exits_0(tiny_model_dir, workdir, topology):
+    """Combined, the replica that drains holds the engine and the batches its requests wait in."""
     from radixserve.client import ScoringClient
 
     grpc_port = free_port()
     # Requests wait up to 2 s for their batch, so they are still in flight when SIGTERM arrives.
     config = write_config(workdir / "c.yaml", free_port(), grpc_port,
                           batching={"batch_wait_timeout_s": 2.0, "index_builder": "inline"},
-                          limits={"max_request_bytes": MAX_REQUEST_BYTES}, placement=ONE_ENGINE)
+                          limits={"max_request_bytes": MAX_REQUEST_BYTES},
+                          placement={**ONE_ENGINE, "topology": topology})
     launched = Launched(config, tiny_model_dir(), workdir)
     try:
         with ScoringClient(f"127.0.0.1:{grpc_port}", timeout_s=60, retries=0) as client:
