@@ -26,7 +26,9 @@ The model is the `bench` preset (Qwen3, hidden 512, 8 layers, random weights) sa
 repository's tiny tokenizer. Workloads (`bench/workloads.py`: MS MARCO-shaped queries and passages of 40-120
 tokens, distinct queries per workload): 8-document reranks from 8 clients; 256-document reranks from 2 clients;
 embeddings of 16 passages per request from 8 clients, behind a shared 20-word Qwen3-Embedding instruction
-(`Instruct: ...\\nQuery:` written into every text, so both servers see the same text) and without one.
+(`Instruct: ...\\nQuery:` written into every text, so both servers see the same text) and without one. By default
+the sizes the targets were set at: 48 8-document reranks, 4 of 256 documents and 96 embedding requests of each
+kind (6, 2 and 12 requests a client).
 
 Each round starts each server in turn (radixserve first on even rounds, vLLM first on odd ones), sends one
 warm-up request per workload kind that no measured request repeats, then every measured request once, and stops
@@ -421,9 +423,9 @@ def main() -> None:
     parser.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     parser.add_argument("--rounds", type=int, default=2, help="launches of each server")
     parser.add_argument("--budget-s", type=float, default=600, help="start no round after this many seconds")
-    parser.add_argument("--requests-8", type=int, default=32, help="8-document rerank requests")
-    parser.add_argument("--requests-256", type=int, default=2, help="256-document rerank requests")
-    parser.add_argument("--embed-requests", type=int, default=16,
+    parser.add_argument("--requests-8", type=int, default=48, help="8-document rerank requests")
+    parser.add_argument("--requests-256", type=int, default=4, help="256-document rerank requests")
+    parser.add_argument("--embed-requests", type=int, default=96,
                         help=f"embedding requests of {EMBED_TEXTS} texts, each kind")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |score difference| accepted")
     parser.add_argument("--busy", action="store_true",
