@@ -241,7 +241,8 @@ def make_workloads(args, rng: np.random.Generator) -> tuple[list[Workload], dict
                            MsMarco(queries=small_queries + args.requests_256 + 1 + extra, passages_per_query=256))
     small, large = groups[:small_queries], groups[small_queries:small_queries + args.requests_256]
     warm, more = groups[small_queries + args.requests_256], groups[small_queries + args.requests_256 + 1:]
-    spare = iter([p for g in small for p in g.passages[32:]] + [p for g in more for p in g.passages])  # no rerank's
+    spare = iter([p for g in small for p in g.passages[32:]]  # passages no rerank request holds
+                 + [p for g in more for p in g.passages])
     texts = {kind: [[next(spare) for _ in range(EMBED_TEXTS)] for _ in range(args.embed_requests)]
              for kind in ("yes", "no")}
     rerank_8 = rerank_stream([QueryPassages(g.query, g.passages[:32]) for g in small], 8, rng)[:args.requests_8]

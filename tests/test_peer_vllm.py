@@ -22,6 +22,6 @@ def test_workloads_have_the_sizes_asked_for(requests_8, requests_256, embed_requ
     assert sizes == {"rerank 8 docs": (requests_8, 8), "rerank 256 docs": (requests_256, 256),
                      "embed, instruction": (embed_requests, EMBED_TEXTS),
                      "embed, no instruction": (embed_requests, EMBED_TEXTS)}
-    assert all(len(r["texts"]) == len(set(r["texts"])) and all(r["texts"]) for w in workloads[2:] for r in w.requests)
+    assert all(all(r["texts"]) for w in workloads[2:] for r in w.requests)
     assert all(INSTRUCTION in t for r in workloads[2].requests for t in r["texts"])
     assert not any(INSTRUCTION in t for r in workloads[3].requests for t in r["texts"])
