@@ -31,10 +31,18 @@ import time
 from pathlib import Path
 from typing import get_args
 
+import numpy as np
+import ray
+from local_serve import start_serve
 from machine import machine, tiny_model
+from ray import serve
+from ray.serve.context import _get_global_client
+from workloads import MsMarco, msmarco_texts, token_counter
 
+from deployments.app import build
 from deployments.config import Topology
-from radix_core.tiny_models import PRESETS, make_tiny_model
+from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
+from radixserve.client import ScoringClient
 
 INGRESSES = ("proxy", "direct")
 DIRECT_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
@@ -44,9 +52,6 @@ def grpc_address(port: int, direct: bool) -> str:
     """The proxy's gRPC address, or the ingress replica's own under direct ingress (the controller's target group)."""
     if not direct:
         return f"127.0.0.1:{port}"
-    import ray
-    from ray.serve.context import _get_global_client
-
     details = ray.get(_get_global_client()._controller.get_serve_instance_details.remote())
     targets = [t for g in details["target_groups"] if g["protocol"] == "gRPC" for t in g["targets"]]
     return f"{targets[0]['ip']}:{targets[0]['port']}"
@@ -54,16 +59,6 @@ def grpc_address(port: int, direct: bool) -> str:
 
 def one(ingress: str, topology: str, model_dir: str, args) -> dict:
     """The figures of one combination, in this process (started with the flag set or not)."""
-    import numpy as np
-    import ray
-    from local_serve import start_serve
-    from ray import serve
-    from workloads import MsMarco, msmarco_texts, token_counter
-
-    from deployments.app import build
-    from radix_core.tiny_models import make_tiny_tokenizer
-    from radixserve.client import ScoringClient
-
     config, port = start_serve()
     try:
         app_args = {**config["applications"][0]["args"], "model": model_dir, "placement": {"topology": topology}}
