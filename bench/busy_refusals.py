@@ -111,5 +111,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "busy_refusals.md").write_text("\n".join(lines) + "\n")
 
+
 if __name__ == "__main__":
     main()

@@ -67,11 +67,12 @@ class Load:
                     self.outcomes.append((code, time.monotonic()))
 
 
-def deploy(model_dir: str, port: int, **args) -> str:
+def deploy(model_dir: str, port: int, placement: dict | None = None, **args) -> str:
+    """The application with small CPU reservations; `placement`'s sections replace those they name."""
     serve.start(grpc_options={"port": port, "grpc_servicer_functions": SERVICERS},
                 http_options={"host": "127.0.0.1", "port": free_port()}, proxy_location="HeadOnly")
     serve.run(build({"model": model_dir, "batching": {"batch_wait_timeout_s": 0.05},
-                     "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}}, **args}),
+                     "placement": {"engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}, **(placement or {})}, **args}),
               name="radixserve", route_prefix="/")
     address = f"127.0.0.1:{port}"
     with ScoringClient(address, timeout_s=60, retries=10, backoff_s=0.5) as client:
@@ -93,7 +94,7 @@ def local_app(tiny_model_dir, start_local_ray):
 
 @pytest.mark.timeout(300)
 def test_a_killed_engine_replica_fails_in_flight_requests_fast_and_retries_succeed(local_app):
-    address = local_app(placement={"engine": {"num_replicas": 2, "cpus": 0.5}, "ingress": {"cpus": 0.25}})
+    address = local_app(placement={"engine": {"num_replicas": 2, "cpus": 0.5}})
     raw = Load(address, retries=0).start()  # no retries: what in-flight requests see
     retried = Load(address, retries=6).start()
     time.sleep(1.0)
@@ -111,7 +112,7 @@ def test_a_killed_engine_replica_fails_in_flight_requests_fast_and_retries_succe
 def test_a_killed_ingress_replica_loses_nothing_silently(local_app, topology):
     """With `placement.topology: combined` the killed replica holds the engine too: its restart loads the model
     again, and the clients' retries wait for it."""
-    address = local_app(placement={"topology": topology, "engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}})
+    address = local_app(placement={"topology": topology})
     load = Load(address, retries=6).start()
     time.sleep(1.0)
     ray.kill(replica_actors("Ingress")[0], no_restart=False)
@@ -127,7 +128,7 @@ def test_a_killed_ingress_replica_loses_nothing_silently(local_app, topology):
 def test_a_call_in_flight_on_a_killed_ingress_replica_ends_unavailable(local_app, topology):
     """Ray's proxy answers INTERNAL when the replica it forwarded a call to dies; the call never reached an answer
     and is safe to retry, so the client is told UNAVAILABLE. Combined, the call dies with its batch's replica."""
-    address = local_app(placement={"topology": topology, "engine": {"cpus": 0.5}, "ingress": {"cpus": 0.25}})
+    address = local_app(placement={"topology": topology})
     docs = [f"passage {i}: {'a radix tree stores strings by their shared prefixes ' * 12}" for i in range(1000)]
     outcome: list[tuple[str, float]] = []
 
