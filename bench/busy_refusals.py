@@ -24,11 +24,10 @@ from typing import get_args
 
 import grpc
 import ray
-from local_serve import start_serve
+from local_serve import app_args, run_app, start_serve
 from machine import machine, tiny_model
 from ray import serve
 
-from deployments.app import build
 from deployments.config import Topology
 from radix_core.tiny_models import PRESETS, make_tiny_model
 from radixserve.client import ScoringClient
@@ -38,8 +37,7 @@ def probe(model_dir: str, topology: str, args) -> dict[str, float]:
     """Latencies (ms) of the refusals and `Info` calls made while the busy clients kept the engine computing."""
     config, port = start_serve()
     try:
-        app_args = {**config["applications"][0]["args"], "model": model_dir, "placement": {"topology": topology}}
-        serve.run(build(app_args), name="radixserve", route_prefix="/")
+        run_app(app_args(config, model=model_dir, placement={"topology": topology}))
         address = f"127.0.0.1:{port}"
         docs = [f"passage {i}: {'a radix tree stores strings by their shared prefixes ' * 8}" for i in
                 range(args.docs)]

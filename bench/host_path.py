@@ -55,14 +55,13 @@ from child_process import ChildProcess
 from host_stages import stages
 from in_process_worker import CANDIDATES, host_path_candidates
 from load_driver import LoadDriver
-from local_serve import free_port, start_serve
+from local_serve import app_args, free_port, run_app, start_serve
 from machine import machine, plot_title, tiny_model
 from ray import serve
 from timing import interleaved_timings
 from wire import TRANSPORTS
 from workloads import MsMarco, msmarco_texts, rerank_stream, token_counter
 
-from deployments.app import build
 from deployments.config import Topology
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
@@ -186,10 +185,9 @@ def summarize(r: dict) -> dict:
 def deploy(model_dir: str, config: dict, keys_file: Path, topology: str) -> tuple[dict, object]:
     """The application of serve_config.yaml on `model_dir` (one CPU or GPU engine replica, `topology`, the API keys
     of `keys_file`), and its args."""
-    args = {**config["applications"][0]["args"], "model": model_dir,
-            "placement": {"topology": topology, "engine": {"num_replicas": 1}},
-            "auth": {"api_keys_file": str(keys_file)}}
-    serve.run(build(args), name="radixserve", route_prefix="/")
+    args = app_args(config, model=model_dir, placement={"topology": topology, "engine": {"num_replicas": 1}},
+                    auth={"api_keys_file": str(keys_file)})
+    run_app(args)
     return args, serve.get_app_handle("radixserve")
 
 

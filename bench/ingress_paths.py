@@ -33,13 +33,12 @@ from typing import get_args
 
 import numpy as np
 import ray
-from local_serve import start_serve
+from local_serve import app_args, run_app, start_serve
 from machine import machine, tiny_model
 from ray import serve
 from ray.serve.context import _get_global_client
 from workloads import MsMarco, msmarco_texts, token_counter
 
-from deployments.app import build
 from deployments.config import Topology
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
@@ -61,8 +60,7 @@ def one(ingress: str, topology: str, model_dir: str, args) -> dict:
     """The figures of one combination, in this process (started with the flag set or not)."""
     config, port = start_serve()
     try:
-        app_args = {**config["applications"][0]["args"], "model": model_dir, "placement": {"topology": topology}}
-        serve.run(build(app_args), name="radixserve", route_prefix="/")
+        run_app(app_args(config, model=model_dir, placement={"topology": topology}))
         address = grpc_address(port, ingress == "direct")
         group = msmarco_texts(np.random.default_rng(args.seed), token_counter(make_tiny_tokenizer()),
                               MsMarco(queries=1, passages_per_query=64))[0]

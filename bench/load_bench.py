@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import ray
 from load_driver import LoadDriver, Outcome
-from local_serve import start_serve
+from local_serve import app_args, run_app, start_serve
 from machine import plot_title, tiny_model
 from ray import serve
 from tqdm import tqdm
@@ -53,7 +53,6 @@ from workloads import (
     token_counter,
 )
 
-from deployments.app import build
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
 
@@ -128,10 +127,8 @@ def main() -> None:
         workload = WORKLOADS[name]
         model_dir = str(make_tiny_model(Path(tempfile.mkdtemp()) / f"{workload.preset}-qwen3", "qwen3", "causal_lm",
                                         **PRESETS[workload.preset]))
-        app_args = {**config["applications"][0]["args"], "model": model_dir,
-                    "batching": {"max_queue_wait_s": workload.max_queue_wait_s},
-                    "placement": {"accelerator": "cpu", "engine": {"num_replicas": 1}}}
-        serve.run(build(app_args), name="radixserve", route_prefix="/")
+        run_app(app_args(config, model=model_dir, batching={"max_queue_wait_s": workload.max_queue_wait_s},
+                         placement={"accelerator": "cpu", "engine": {"num_replicas": 1}}))
         reports[name] = run_workload(Driver(f"127.0.0.1:{port}", workload.requests(np.random.default_rng(0))),
                                      args, name)
         serve.delete("radixserve")

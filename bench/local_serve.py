@@ -1,7 +1,8 @@
 """A local Ray Serve for the served benchmarks, started as `radixserve serve serve_config.yaml` starts it: Serve's
 HTTP and gRPC proxies on free loopback ports, with the YAML's gRPC servicers, and the environment the launcher
 gives the Ray it starts (`set_ray_environment`: the gRPC message limit, Ray's workers (Serve's controller and
-proxies too, not only the replicas) at the YAML's `placement.niceness`, Serve's control loop interval)."""
+proxies too, not only the replicas) at the YAML's `placement.niceness`, Serve's control loop interval); and the
+YAML's application deployed on it with a benchmark's own sections (`app_args`, `run_app`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import ray
 import yaml
 from ray import serve
 
+from deployments.app import build
 from deployments.launcher import load_config, set_ray_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,17 @@ def start_serve(http_port: int | None = None) -> tuple[dict, int]:
                 grpc_options={"port": port,
                               "grpc_servicer_functions": config["grpc_options"]["grpc_servicer_functions"]})
     return config, port
+
+
+def app_args(config: dict, **sections) -> dict:
+    """The args of `config`'s (serve_config.yaml's) radixserve application with `sections` in place of its own
+    (each section replaced whole)."""
+    return {**config["applications"][0]["args"], **sections}
+
+
+def run_app(args: dict):
+    """The radixserve application on `args`, deployed as `serve run serve_config.yaml` deploys it; its handle."""
+    return serve.run(build(args), name="radixserve", route_prefix="/")
 
 
 def free_port() -> int:

@@ -64,12 +64,11 @@ from pathlib import Path
 
 import numpy as np
 from load_driver import LoadDriver
-from local_serve import start_serve
+from local_serve import run_app, start_serve
 from machine import plot_title, tiny_model
 from ray import serve
 from workloads import MsMarco, QueryPassages, corpus_text, msmarco_texts, passage, rerank_stream, token_counter
 
-from deployments.app import build
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 from radixserve.client import ScoringClient
 
@@ -165,7 +164,7 @@ def serve_config(base: dict, model_dir: str, changes: dict) -> dict:
 def run_config(args: dict, requests: list[tuple], warm: list[tuple], clients: int, port: int, sample_s: float,
                label: str) -> Run:
     """Deploy `args`, warm up, send `requests` once from `clients` closed-loop clients; every one must succeed."""
-    serve.run(build(args), name="radixserve", route_prefix="/")
+    run_app(args)
     engine = serve.get_deployment_handle("EngineReplica", app_name="radixserve")
     answers, lock, stop = [], threading.Lock(), threading.Event()
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600, retries=0) as client:

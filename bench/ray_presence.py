@@ -31,13 +31,12 @@ import numpy as np
 import ray
 from child_process import ChildProcess
 from in_process_worker import presence_candidate
-from local_serve import start_serve
+from local_serve import app_args, run_app, start_serve
 from machine import machine, tiny_model
 from peer_vllm_processes import proc_stat
 from ray import serve
 from workloads import MsMarco, msmarco_texts, token_counter
 
-from deployments.app import build
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
 PHASES = ("quiet", "Ray + Serve up", "every Ray thread SCHED_IDLE")
@@ -141,8 +140,7 @@ def main() -> None:
 
     def with_ray() -> None:
         config, _ = start_serve()
-        app = {**config["applications"][0]["args"], "model": model_dir, "placement": {"engine": {"num_replicas": 1}}}
-        serve.run(build(app), name="radixserve", route_prefix="/")
+        run_app(app_args(config, model=model_dir, placement={"engine": {"num_replicas": 1}}))
         passes(PHASES[1])
         moved.append(make_idle(ray_threads(skip)))
         passes(PHASES[2])

@@ -50,7 +50,7 @@ import ray
 from child_process import ChildProcess
 from in_process_worker import serve_bench_candidate
 from load_driver import LoadDriver
-from local_serve import start_serve
+from local_serve import app_args, run_app, start_serve
 from machine import plot_title, tiny_model
 from ray import serve
 from tqdm import tqdm
@@ -62,7 +62,6 @@ from workloads import (
     token_counter,
 )
 
-from deployments.app import build
 from deployments.batcher import BATCH_STAGES
 from deployments.config import Topology
 from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
@@ -93,10 +92,8 @@ def compare(model_dir: str, cache: str, rounds: list[list[tuple[str, dict]]], cl
     alike. Each gets its round of median docs/s; the served one also its rounds' stage trace, and the ratio of
     each round's pair."""
     engine = ChildProcess(serve_bench_candidate, model_dir, CACHES[cache], rounds, clients)
-    app = config["applications"][0]
-    args = {**app["args"], "model": model_dir, "engine": {"prefix_cache_bytes": CACHES[cache]},
-            "placement": {"accelerator": "cpu", "topology": topology, "engine": {"num_replicas": 1}}}
-    handle = serve.run(build(args), name="radixserve", route_prefix="/")
+    handle = run_app(app_args(config, model=model_dir, engine={"prefix_cache_bytes": CACHES[cache]},
+                              placement={"accelerator": "cpu", "topology": topology, "engine": {"num_replicas": 1}}))
     with ScoringClient(f"127.0.0.1:{port}", timeout_s=600) as client:
         runners = {"in-process": lambda r: engine.call("in-process", r),
                    "served": lambda r: served(client, handle, rounds[r], clients)}
