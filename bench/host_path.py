@@ -183,12 +183,11 @@ def summarize(r: dict) -> dict:
 
 
 def deploy(model_dir: str, config: dict, keys_file: Path, topology: str) -> tuple[dict, object]:
-    """The application of serve_config.yaml on `model_dir` (one CPU or GPU engine replica, `topology`, the API keys
-    of `keys_file`), and its args."""
+    """The application of serve_config.yaml deployed on `model_dir` (one CPU or GPU engine replica, `topology`, the
+    API keys of `keys_file`): its args and its handle."""
     args = app_args(config, model=model_dir, placement={"topology": topology, "engine": {"num_replicas": 1}},
                     auth={"api_keys_file": str(keys_file)})
-    run_app(args)
-    return args, serve.get_app_handle("radixserve")
+    return args, run_app(args)
 
 
 def run_preset(preset: str, works: list[Workload], config: dict, ports: tuple[int, int], args) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 import ray
 import yaml
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from deployments.app import build
 from deployments.launcher import load_config, set_ray_environment
@@ -42,7 +43,7 @@ def app_args(config: dict, **sections) -> dict:
     return {**config["applications"][0]["args"], **sections}
 
 
-def run_app(args: dict):
+def run_app(args: dict) -> DeploymentHandle:
     """The radixserve application on `args`, deployed as `serve run serve_config.yaml` deploys it; its handle."""
     return serve.run(build(args), name="radixserve", route_prefix="/")
 
