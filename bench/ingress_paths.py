@@ -11,7 +11,8 @@ Each combination runs in a child process of its own (the flag is read when Serve
 times with the order reversed every other round: a local Ray and Serve (`bench/local_serve.py`) with
 serve_config.yaml's application on a random-weight `--preset` model, one engine replica; `--warm-up` requests,
 then `--requests` 8-document reranks one after another from one gRPC `ScoringClient` (latency), then `--clients`
-clients sending `--load-requests` each (documents/s). Documents are MS MARCO-shaped passages (40-120 tokens,
+closed-loop clients (`bench/load_driver.py`) sending `--clients` x `--load-requests` more through it (documents/s;
+any failed request fails the run). Documents are MS MARCO-shaped passages (40-120 tokens,
 `bench/workloads.py`), every request with a query of its own. Writes `bench/results/ingress_paths.md`.
 
     python bench/ingress_paths.py [--preset tiny] [--rounds 2] [--requests 200] [--clients 4]
@@ -26,13 +27,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import get_args
 
 import numpy as np
 import ray
+from load_driver import LoadDriver
 from local_serve import app_args, run_app, start_serve
 from machine import machine, tiny_model
 from ray import serve
@@ -45,6 +46,8 @@ from radixserve.client import ScoringClient
 
 INGRESSES = ("proxy", "direct")
 DIRECT_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+PASSAGES = 64  # the query's passages, from which each request draws its documents
+DOCS = 8  # documents per request
 
 
 def grpc_address(port: int, direct: bool) -> str:
@@ -63,11 +66,11 @@ def one(ingress: str, topology: str, model_dir: str, args) -> dict:
         run_app(app_args(config, model=model_dir, placement={"topology": topology}))
         address = grpc_address(port, ingress == "direct")
         group = msmarco_texts(np.random.default_rng(args.seed), token_counter(make_tiny_tokenizer()),
-                              MsMarco(queries=1, passages_per_query=64))[0]
+                              MsMarco(queries=1, passages_per_query=PASSAGES))[0]
         rng = np.random.default_rng(args.seed + 1)
 
         def request(i: int) -> tuple[str, list[str]]:
-            return f"{group.query} (asked {i})", [group.passages[j] for j in rng.choice(64, 8, replace=False)]
+            return f"{group.query} (asked {i})", [group.passages[j] for j in rng.choice(PASSAGES, DOCS, replace=False)]
 
         latencies = []
         with ScoringClient(address, timeout_s=60, retries=5) as client:
@@ -78,21 +81,16 @@ def one(ingress: str, topology: str, model_dir: str, args) -> dict:
                 began = time.perf_counter()
                 client.rerank(query, docs)
                 latencies.append(time.perf_counter() - began)
-        sets = [[request(args.requests + c * args.load_requests + i) for i in range(args.load_requests)]
-                for c in range(args.clients)]
-
-        def load(requests: list[tuple[str, list[str]]]) -> None:
-            with ScoringClient(address, timeout_s=60, retries=5) as client:
-                for query, docs in requests:
-                    client.rerank(query, docs)
-
-        threads = [threading.Thread(target=load, args=(s,)) for s in sets]
-        began = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        docs_s = 8 * args.clients * args.load_requests / (time.perf_counter() - began)
+            total = args.clients * args.load_requests
+            loaded = iter([request(args.requests + i) for i in range(total)])
+            began = time.perf_counter()
+            outcomes = LoadDriver(lambda r: (client.rerank(*r), 0)[1], loaded).closed_loop(
+                args.clients, label=f"{ingress}, {topology}", total=total)
+            seconds = time.perf_counter() - began
+        failed = [o for o in outcomes if o.code != "OK"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {len(outcomes)} requests failed, the first with {failed[0].error}")
+        docs_s = DOCS * total / seconds
         return {"p50_ms": 1e3 * statistics.median(latencies),
                 "p90_ms": 1e3 * statistics.quantiles(latencies, n=10)[-1], "docs_s": docs_s}
     finally:
@@ -136,7 +134,7 @@ def main() -> None:
             print(combo, results[combo][-1], flush=True)
     lines = ["# A small request's way into the engine", "",
              f"Command: `{' '.join(['python', 'bench/ingress_paths.py', *argv])}`; {tiny_model(args.preset)} on "
-             f"{machine()}; 8-document MS MARCO-shaped reranks over gRPC, {args.requests} from one client, then "
+             f"{machine()}; {DOCS}-document MS MARCO-shaped reranks over gRPC, {args.requests} from one client, then "
              f"{args.clients} clients x {args.load_requests}; each round's figure, rounds in turn (the order "
              "reversed every other round).", "",
              "| topology | ingress | one client, median ms | one client, p90 ms | clients, docs/s |",
