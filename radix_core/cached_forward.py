@@ -1,7 +1,7 @@
 """A batch's forward with the prefix cache (`radix_core.prefix_cache`): rows whose history is cached are read, not
 computed, and rows seen the second time enter the cache.
 
-    plan, hidden = run_with_cache(arch, backend, cache, prepared, scopes, origins)  # hidden: (R + C, hidden)
+    plan, hidden = run_with_cache(arch, backend, cache, prepared, scopes, origins)  # hidden: (F + C, hidden)
 
 **Where the match happens: here, right before the forward, in the engine's process**, not where the batch is
 prepared. The serving layer's IndexBuilder prepares batch k+1 in another process while batch k runs, but the cache
@@ -59,6 +59,7 @@ from radix_core.forward import (
     plan_ragged,
     prefix_blocks,
     run_layers,
+    select_final_rows,
     upload,
 )
 from radix_core.index import sequence_positions
@@ -66,21 +67,23 @@ from radix_core.prefix_cache import CacheLease, Origins, PrefixCache
 
 
 def run_with_cache(arch: Architecture, backend: AttentionBackend, cache: PrefixCache, prepared: PreparedBatch,
-                   scopes: Sequence[Hashable] | None = None,
-                   origins: Origins | None = None) -> tuple[BatchPlan, torch.Tensor]:
-    """The plan of `prepared` and its hidden states (R + C, hidden), reading `cache` and filling it; `scopes`: one
+                   scopes: Sequence[Hashable] | None = None, origins: Origins | None = None,
+                   reads: np.ndarray | None = None) -> tuple[BatchPlan, torch.Tensor]:
+    """The plan of `prepared` and its hidden states (F + C, hidden), reading `cache` and filling it; `scopes`: one
     per sequence (whose cache tree it reads), or None for the shared one; `origins`: each sequence's request and
-    its shared prefix, for admission (`PrefixCache.lease`), or None."""
+    its shared prefix, for admission (`PrefixCache.lease`), or None; `reads`: the tokens whose final states the
+    caller reads (`radix_core.forward.select_final_rows`), None for all."""
     with cache.lease(prepared.input_ids, prepared.cu_seqlens, scopes, origins) as lease:
-        plan = plan_with_cache(prepared, lease, cache.shape.device)
+        plan = plan_with_cache(prepared, lease, cache.shape.device, reads)
         hidden = run_layers(arch, plan, backend)
         lease.commit(plan.kept)
     return plan, hidden
 
 
-def plan_with_cache(prepared: PreparedBatch, lease: CacheLease, device: torch.device) -> BatchPlan:
+def plan_with_cache(prepared: PreparedBatch, lease: CacheLease, device: torch.device,
+                    reads: np.ndarray | None = None) -> BatchPlan:
     """`prepared` laid out for its mode without the rows `lease` has cached, reading them instead; the rows it
-    admitted are kept for the cache."""
+    admitted are kept for the cache; the final rows those and the tokens `reads` name."""
     cu = prepared.cu_seqlens
     seq = np.repeat(np.arange(prepared.num_sequences), np.diff(cu))  # (N,) sequence of each token
     pos = sequence_positions(cu).astype(np.int64)  # (N,)
@@ -93,12 +96,14 @@ def plan_with_cache(prepared: PreparedBatch, lease: CacheLease, device: torch.de
     else:
         plan = _plan_compact_past(prepared, pos >= lengths[seq], seq, past, device)
     plan.cached_lengths, plan.past = lengths, past
+    kept = None
     if lease.admitted or lease.refills:
         starts = np.array([cu[s] + start for s, start, _ in lease.admitted], dtype=np.int64)
         sizes = np.array([end - start for _, start, end in lease.admitted], dtype=np.int64)
         ends = np.array([cu[s] + last for s, last in lease.ends()], dtype=np.int64)  # (E,) tokens
-        plan.kept = lease.keep(upload(plan.token_rows[concat_ranges(starts, sizes)], torch.int64, device),
-                               plan.token_rows[ends])
+        kept = plan.token_rows[concat_ranges(starts, sizes)]  # (A,) computed rows
+        plan.kept = lease.keep(upload(kept, torch.int64, device), plan.token_rows[ends])
+    select_final_rows(plan, reads, kept)
     return plan
 
 

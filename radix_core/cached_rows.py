@@ -134,6 +134,8 @@ class KeptRows:
     end_rows: np.ndarray | None = None  # (E,) int64
     end_states: torch.Tensor | None = None  # (linear layers, E, Hv, Dk, Dv) float32
     end_tails: torch.Tensor | None = None  # (linear layers, E, kernel - 1, C)
+    state_rows: torch.Tensor | None = None  # (A,) int64 where the rows' final states are in the forward's final
+    # states when it finishes only some rows (`radix_core.forward.select_final_rows`); None: at `rows`
 
     def keep_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy the rows' `k`, `v` (R, Hkv, D) of `layer`."""
@@ -147,5 +149,5 @@ class KeptRows:
         self.end_tails[layer].copy_(tails)
 
     def keep_states(self, hidden: torch.Tensor) -> None:
-        """Copy the rows' final-normed hidden states from `hidden` (R, hidden)."""
-        torch.index_select(hidden, 0, self.rows, out=self.states)
+        """Copy the rows' final-normed hidden states from `hidden` (the forward's final rows, hidden)."""
+        torch.index_select(hidden, 0, self.rows if self.state_rows is None else self.state_rows, out=self.states)

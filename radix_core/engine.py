@@ -41,8 +41,8 @@ from radix_core.batch import BatchLimits, PreparedBatch, prepare_batch
 from radix_core.cached_forward import run_with_cache
 from radix_core.cached_rows import RowShape
 from radix_core.engine_config import EngineConfig
-from radix_core.finish import finish_jobs
-from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers
+from radix_core.finish import finish_jobs, read_tokens
+from radix_core.forward import BatchPlan, plan_compact, plan_ragged, run_layers, select_final_rows
 from radix_core.forward_result import ForwardResult
 from radix_core.invariant_attention import InvariantAttention
 from radix_core.invariant_matmul import RowTiledLinear
@@ -231,17 +231,21 @@ class Engine:
 
     @torch.inference_mode()
     def run(self, prepared: PreparedBatch, scopes: Sequence[Hashable] | None = None,
-            origins: Origins | None = None) -> ForwardResult:
+            origins: Origins | None = None, reads: np.ndarray | None = None) -> ForwardResult:
         """The device half: lay the prepared batch out on the device and run the layers. With the prefix cache,
         rows it holds are read instead of computed (`radix_core.cached_forward`); `scopes`: the cache tree of each
         sequence (e.g. its API key), None for one shared tree; `origins`: each sequence's request, which the cache
-        admits by (`PrefixCache.lease`; None: each sequence a request of its own)."""
+        admits by (`PrefixCache.lease`; None: each sequence a request of its own); `reads`: (T,) int64 the tokens
+        (indices into the batch's tokens) whose final states the caller reads, None for every token's: the last
+        layer's work after attention runs on their rows only (`radix_core.forward.select_final_rows`)."""
         with self.numerics():
             if self.prefix_cache is None:
                 plan = self._plan(prepared)
+                select_final_rows(plan, reads)
                 hidden = run_layers(self.arch, plan, self.backend)
             else:
-                plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes, origins)
+                plan, hidden = run_with_cache(self.arch, self.backend, self.prefix_cache, prepared, scopes, origins,
+                                              reads)
         return ForwardResult(prepared, plan, hidden, self.arch.head_module)
 
     def numerics(self) -> contextlib.AbstractContextManager:
@@ -301,7 +305,7 @@ class Engine:
                              f"tokens): prepare exactly the concatenation of the jobs' sequences, in job order")
         if scopes is not None:
             scopes = [scope for job, scope in zip(jobs, scopes) for _ in range(len(job.sequences))]
-        result = self.run(prepared, scopes, Origins.of(jobs))
+        result = self.run(prepared, scopes, Origins.of(jobs), read_tokens(jobs, prepared.cu_seqlens))
         with self.numerics():
             return finish_jobs(result, jobs)
 

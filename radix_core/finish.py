@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from radix_core.forward_result import ForwardResult
+from radix_core.forward_result import ForwardResult, token_index
 from radix_core.tasks import BatchView, HeadQuery, TaskJob, task_for
 
 
@@ -27,6 +27,20 @@ def finish_jobs(result: ForwardResult, jobs: Sequence[TaskJob]) -> list[Any]:
     answers = answer_queries(result, [task.head_query(job) for task, job in zip(tasks, jobs)], firsts)
     return [task.finish(job, BatchView(result, first, len(job.sequences), answer))
             for task, job, first, answer in zip(tasks, jobs, firsts, answers)]
+
+
+def read_tokens(jobs: Sequence[TaskJob], cu_seqlens: np.ndarray) -> np.ndarray | None:
+    """(T,) int64 the tokens whose final states finishing `jobs` reads (`Task.reads`), as indices into the batch of
+    their concatenated sequences (boundaries `cu_seqlens`); None when a job reads every token's."""
+    firsts = np.cumsum([0] + [len(job.sequences) for job in jobs]).tolist()
+    parts = []
+    for job, first in zip(jobs, firsts):
+        reads = task_for(job).reads(job)
+        if reads is None:
+            return None
+        sequences, positions = reads
+        parts.append(token_index(cu_seqlens, sequences + first, positions))
+    return np.concatenate(parts)
 
 
 def answer_queries(result: ForwardResult, queries: Sequence[HeadQuery | None],

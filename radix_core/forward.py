@@ -5,6 +5,12 @@ A `BatchPlan` fixes, for one batch and one mode, the rows that position-wise wor
 `run_layers` then drives the model's own modules over those rows; no tensor is ever padded to `[B, L_max]`.
 With the prefix cache (`radix_core.cached_forward`) a plan also reads cached rows (`past`: their K/V in every
 layer, their final states after the computed rows') and hands the K/V of admitted rows to the cache (`kept`).
+
+A scoring batch reads few final states: a rerank or a last-token embedding one row per sequence, a continuation
+score its continuations' rows. Every row's keys and values feed the last layer's attention, but only the rows read
+need what comes after it, the output projection and the MLP: `final_rows` names them (`Engine.run`'s `reads`, and
+the rows the cache admits), and the last layer runs its position-wise work after attention on those alone. On an
+8-layer model that is about a ninth of a rerank's linear work (measured in README "Engine").
 """
 
 from __future__ import annotations
@@ -40,10 +46,38 @@ class BatchPlan:
     cached_lengths: np.ndarray | None = None  # (B,) int64 leading tokens of each sequence read from the cache
     past: CachedPrefix | None = None  # the cached rows the batch reads
     kept: KeptRows | None = None  # the computed rows whose K/V and states enter the cache
+    final_rows: np.ndarray | None = None  # (F,) int64 sorted computed rows whose final states the forward computes
+    # (`select_final_rows`); None: every row's
+    final_on_device: torch.Tensor | None = None  # (F,) int64 the same, on the device
+
+    def state_index(self, rows: np.ndarray) -> np.ndarray:
+        """(P,) int64 where the final states of computed or cached `rows` are in the forward's hidden states (the
+        final rows', then the cached rows'); a ValueError for a computed row not among `final_rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.final_rows is None:
+            return rows
+        computed, finished = rows < self.num_rows, self.final_rows.shape[0]
+        index = np.where(computed, np.searchsorted(self.final_rows, rows), rows - self.num_rows + finished)
+        found = self.final_rows[np.minimum(index, finished - 1)] == rows if finished else np.zeros_like(computed)
+        if (computed & ~found).any():
+            raise ValueError(f"the final state of row {int(rows[computed & ~found][0])} was not computed: the batch "
+                             f"ran its last layer on the rows its reads named only ({finished} of {self.num_rows})")
+        return index
 
     @property
     def num_tokens(self) -> int:
         return int(self.row_of_token.shape[0])
+
+    def final_part(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (R, ...) at the final rows only (F, ...): the last layer's input to its work after the token mixer."""
+        return t.index_select(0, self.final_on_device)
+
+    def with_cached(self, states: torch.Tensor) -> torch.Tensor:
+        """(F + C, hidden): the final-normed `states` of the computed rows the forward finished, handed to the cache
+        where it keeps them, then the cached rows' states."""
+        if self.kept is not None:
+            self.kept.keep_states(states)
+        return states if self.past is None else torch.cat([states, self.past.states()])
 
     @property
     def num_rows(self) -> int:
@@ -111,6 +145,22 @@ def causal_blocks(bounds: np.ndarray, device: torch.device) -> CausalBlocks:
 _NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
 
 
+def select_final_rows(plan: BatchPlan, reads: np.ndarray | None, kept: np.ndarray | None = None) -> None:
+    """Set the plan's final rows: the computed rows of the tokens `reads` (indices into the batch's tokens; None:
+    every token) and the computed rows `kept` the cache admits (it stores their final states); none where that
+    is every row."""
+    if reads is None:
+        return
+    rows = plan.token_rows[reads]
+    rows = np.unique(np.concatenate([rows[rows < plan.num_rows], [] if kept is None else kept]).astype(np.int64))
+    if rows.shape[0] == plan.num_rows:
+        return
+    device = plan.row_ids.device
+    plan.final_rows, plan.final_on_device = rows, upload(rows, torch.int64, device)
+    if plan.kept is not None:
+        plan.kept.state_rows = upload(np.searchsorted(rows, kept), torch.int64, device)
+
+
 def upload(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """`a` as `dtype` on `device`. To CUDA through pinned memory without blocking: a pageable copy would make the
     host wait for all the work queued before it (batch k's layers) before it can queue batch k+1. The pinned
@@ -122,7 +172,8 @@ def upload(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Ten
 
 
 def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -> torch.Tensor:
-    """(R + C, hidden) final-normed hidden states of the plan's computed rows, then of its cached rows."""
+    """(F + C, hidden) final-normed hidden states of the plan's final rows (all R computed rows when it names
+    none), then of its cached rows (`BatchPlan.state_index` finds a row's)."""
     if plan.num_rows == 0:  # every token's row is cached
         return plan.past.states()
     if arch.hybrid:  # Gated DeltaNet layers along the trie
@@ -132,16 +183,17 @@ def run_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -
     cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, head_dim) each
     cos, sin = cos[0], sin[0]  # (R, head_dim)
     chunks = row_chunks(plan.num_rows, chunk_rows(arch, h))
+    last = len(arch.layers) - 1
     for i, layer in enumerate(arch.layers):
         out = _attention(arch, i, layer, h, cos, sin, plan, backend, chunks)  # (R, Hq, D)
+        if i == last and plan.final_rows is not None:  # after attention, only the rows read
+            h, out = plan.final_part(h), plan.final_part(out)  # (F, hidden), (F, Hq, D)
+            chunks = row_chunks(h.shape[0], chunk_rows(arch, h))
         for rows in chunks:  # h is this function's own tensor: the residual adds go in place
             part = h[rows]  # (r, hidden) a view
             part += layer.self_attn.o_proj(out[rows].flatten(1))
             part += layer.mlp(layer.post_attention_layernorm(part))
-    h = arch.norm(h)
-    if plan.kept is not None:
-        plan.kept.keep_states(h)
-    return h if plan.past is None else torch.cat([h, plan.past.states()])  # (R + C, hidden)
+    return plan.with_cached(arch.norm(h))
 
 
 def _attention(arch, i, layer, h, cos, sin, plan, backend, chunks: list[slice]) -> torch.Tensor:

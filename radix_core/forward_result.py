@@ -27,13 +27,22 @@ from radix_core.forward import BatchPlan
 LOGPROB_CHUNK = 16384  # vocabulary rows per step of token_logprobs: 256 MiB of float32 weights at hidden 4096
 
 
+def token_index(cu_seqlens: np.ndarray, sequences: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """(P,) int64 index among a batch's tokens (sequence boundaries `cu_seqlens`) of position `positions[i]`
+    (negative counts from the end) of sequence `sequences[i]`."""
+    sequences = np.asarray(sequences, dtype=np.int64)
+    lengths = cu_seqlens[sequences + 1] - cu_seqlens[sequences]  # (P,)
+    return cu_seqlens[sequences] + np.mod(positions, lengths)
+
+
 @dataclass
 class ForwardResult:
     """Hidden states of one batch's computed rows, how original tokens map onto them, and the model's head."""
 
     prepared: PreparedBatch
     plan: BatchPlan
-    hidden: torch.Tensor  # (R + C, hidden) final-normed: the computed rows, then the cached rows read
+    hidden: torch.Tensor  # (F + C, hidden) final-normed: the computed rows finished (`BatchPlan.final_rows`, all R
+    # when it names none), then the cached rows read; `hidden_at` reads it by row
     head: nn.Module | None  # lm_head (vocab) or score (num_labels); None for a base model
 
     @property
@@ -60,14 +69,11 @@ class ForwardResult:
     def rows(self, sequences: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """(P,) int64 computed row of position `positions[i]` (negative counts from the end) of sequence
         `sequences[i]`."""
-        cu = self.prepared.cu_seqlens
-        sequences = np.asarray(sequences, dtype=np.int64)
-        lengths = cu[sequences + 1] - cu[sequences]  # (P,)
-        return self.row_of_token[cu[sequences] + np.mod(positions, lengths)]
+        return self.row_of_token[token_index(self.prepared.cu_seqlens, sequences, positions)]
 
     def hidden_at(self, rows: np.ndarray) -> torch.Tensor:
-        """(P, hidden) float32 hidden states of `rows`, on the device."""
-        return self.hidden.index_select(0, self._upload(rows)).float()
+        """(P, hidden) float32 final hidden states of computed or cached `rows`, on the device."""
+        return self.hidden.index_select(0, self._upload(self.plan.state_index(rows))).float()
 
     def head_outputs(self, rows: np.ndarray, columns: tuple[int, ...] | None = None) -> np.ndarray:
         """(P, C) float32 head outputs at `rows`: every output, or only `columns`; computed once per distinct row."""

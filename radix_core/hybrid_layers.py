@@ -31,13 +31,15 @@ if TYPE_CHECKING:
 
 
 def run_hybrid_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBackend) -> torch.Tensor:
-    """(R + C, hidden) final-normed hidden states of the plan's computed rows, then of its cached rows."""
+    """(F + C, hidden) final-normed hidden states of the plan's final rows (all computed rows when it names none),
+    then of its cached rows, as `radix_core.forward.run_layers`."""
     h = arch.embed_tokens(plan.row_ids)  # (R, hidden)
     cos, sin = arch.rotary_emb(h, plan.row_positions.unsqueeze(0))  # (1, R, rotary dim) each
     cos, sin = cos[0], sin[0]  # (R, rotary dim)
     recurrence = _recurrence(arch, plan, h.device)
     attention_layer = linear_layer = 0  # the cache's slots: K/V per attention layer, states per recurrent one
-    for layer in arch.layers:
+    last = len(arch.layers) - 1
+    for i, layer in enumerate(arch.layers):
         x = layer.input_layernorm(h)
         if hasattr(layer, "linear_attn"):
             out, ends = gated_delta_block(layer.linear_attn, x, recurrence, _past_ends(plan, linear_layer))
@@ -47,12 +49,11 @@ def run_hybrid_layers(arch: Architecture, plan: BatchPlan, backend: AttentionBac
         else:
             out = gated_attention_block(arch, attention_layer, layer.self_attn, x, cos, sin, plan, backend)
             attention_layer += 1
+        if i == last and plan.final_rows is not None:  # after the token mixer, only the rows read
+            h, out = plan.final_part(h), plan.final_part(out)  # (F, hidden) each
         h = h + out
         h = h + layer.mlp(layer.post_attention_layernorm(h)[None])[0]  # a batch of one: Qwen3-Next's experts
-    h = arch.norm(h)
-    if plan.kept is not None:
-        plan.kept.keep_states(h)
-    return h if plan.past is None else torch.cat([h, plan.past.states()])  # (R + C, hidden)
+    return plan.with_cached(arch.norm(h))
 
 
 def _recurrence(arch: Architecture, plan: BatchPlan, device: torch.device) -> RecurrencePlan:

@@ -118,6 +118,13 @@ class Task(ABC):
         """The head outputs `finish` reads (`view.head`); None when it reads hidden states only."""
         return None
 
+    def reads(self, job: TaskJob) -> tuple[np.ndarray, np.ndarray] | None:
+        """(sequences, positions) of the final hidden states `finish` reads, as a `HeadQuery` names them; None for
+        every token's. The engine finishes the last layer on their rows only (`Engine.run`'s `reads`). By default
+        the head query's."""
+        query = self.head_query(job)
+        return None if query is None else (query.sequences, query.positions)
+
     @abstractmethod
     def finish(self, job: TaskJob, view: BatchView) -> Any:
         """The job's partial result (with `view.usage`) from its slice of the batch's forward."""

@@ -142,6 +142,10 @@ class EmbedTask(Task):
         return EmbedJob(batch.sequences, len(batch.shared_ids), request.pooling,
                         dimensions, request.normalize, chunks, (request.chunks or config.chunks) == "each")
 
+    def reads(self, job: EmbedJob) -> tuple[np.ndarray, np.ndarray] | None:
+        n = len(job.sequences)
+        return (np.arange(n), np.full(n, -1)) if job.pooling == "last" else None
+
     def finish(self, job: EmbedJob, view: BatchView) -> EmbedResult:
         vectors = (view.last_hidden() if job.pooling == "last" else view.mean_hidden())[:, :job.dimensions]  # (n, d)
         if job.normalize:
