@@ -36,7 +36,7 @@ from deployments.request_path import prefix_key
 from radix_core.batch import PreparedBatch
 from radix_core.cached_forward import plan_with_cache
 from radix_core.engine import Engine
-from radix_core.finish import finish_jobs
+from radix_core.finish import finish_jobs, read_tokens
 from radix_core.forward import run_layers
 from radix_core.forward_result import ForwardResult
 from radix_core.prefix_cache import Origins
@@ -155,7 +155,7 @@ class HostPath:
         with engine.prefix_cache.lease(prepared.input_ids, prepared.cu_seqlens, origins=Origins.of(jobs)) as lease:
             clock.add("cache lookup", time.perf_counter() - mark)
             with clock("plan"):
-                plan = plan_with_cache(prepared, lease, engine.device)
+                plan = plan_with_cache(prepared, lease, engine.device, read_tokens(jobs, prepared.cu_seqlens))
             with clock("forward"):
                 hidden = run_layers(engine.arch, plan, engine.backend)
                 if engine.device.type == "cuda":

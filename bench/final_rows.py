@@ -1,0 +1,106 @@
+"""The last layer on the rows a batch reads, against finishing every row: the engine in-process, side by side.
+
+A scoring batch reads few final states (a rerank's and a last-token embedding's last row per sequence), so
+`Engine.run_jobs` runs the last layer's work after attention (output projection, MLP, final norm) on those rows
+only (`radix_core.forward.select_final_rows`). This runs the workloads of `bench/peer_vllm.py` (MS MARCO-shaped
+8- and 256-document reranks, 16-text embeddings with and without a shared instruction; the same drawing, seed 0)
+on the `bench` preset (Qwen3, hidden 512, 8 layers, random weights) in this process, each workload its clients'
+requests a batch, two ways:
+
+* **rows read**: `Engine.run_jobs`, as the engine replica runs every batch;
+* **every row**: the same batches through `Engine.run` without `reads`, then `finish_jobs`: what the engine did
+  before.
+
+The prefix cache is off (every round repeats the same batches, which a cache would answer from memory), radix
+`auto` warmed up as the replica warms it. Timings are `timing.interleaved_timings` (one warm-up each, rounds in
+rotating order); the two answers must agree within `--tolerance`. Writes `final_rows.md` to `--out`.
+
+    python bench/final_rows.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from machine import machine, tiny_model
+from peer_vllm import make_workloads
+from timing import interleaved_timings
+
+from radix_core.engine import Engine
+from radix_core.finish import finish_jobs, read_tokens
+from radix_core.tasks import TASKS
+from radix_core.tiny_models import PRESETS, make_tiny_model
+from radix_core.tokens import TokenSequences
+
+
+def every_row(engine: Engine, jobs: list) -> list:
+    """`run_jobs` finishing every row: the forward without `reads`, then the jobs' finish."""
+    prepared = engine.prepare(TokenSequences.concat([job.sequences for job in jobs]))
+    result = engine.run(prepared)
+    with engine.numerics():
+        return finish_jobs(result, jobs)
+
+
+def values(partial) -> np.ndarray:
+    """A rerank's scores or an embedding's vectors."""
+    return np.asarray(partial.scores if hasattr(partial, "scores") else partial.embeddings, dtype=np.float64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per candidate and workload")
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |difference| of the two answers")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    sizes = SimpleNamespace(requests_8=48, requests_256=4, embed_requests=96)
+    workloads, _ = make_workloads(sizes, np.random.default_rng(0))
+    with tempfile.TemporaryDirectory() as work:
+        model_dir = make_tiny_model(Path(work) / "bench-qwen3", "qwen3", "causal_lm", **PRESETS["bench"])
+        engine = Engine.from_pretrained(str(model_dir), device="cpu", radix="auto", prefix_cache_bytes=0)
+        engine.warm_up()
+        rows = []
+        for workload in workloads:
+            jobs = [TASKS[workload.task].encode(engine.context, request) for request in workload.requests]
+            batches = [jobs[i:i + workload.clients] for i in range(0, len(jobs), workload.clients)]
+            read = [p for batch in batches for p in engine.run_jobs(batch)]
+            every = [p for batch in batches for p in every_row(engine, batch)]
+            diff = max(float(np.abs(values(a) - values(b)).max()) for a, b in zip(read, every))
+            if diff > args.tolerance:
+                raise SystemExit(f"{workload.name}: the two ways disagree by {diff:.3g} (tolerance {args.tolerance})")
+            finished = []
+            for batch in batches:
+                prepared = engine.prepare(TokenSequences.concat([job.sequences for job in batch]))
+                result = engine.run(prepared, reads=read_tokens(batch, prepared.cu_seqlens))
+                final = result.plan.final_rows
+                finished.append((result.num_computed if final is None else final.shape[0], result.num_computed))
+            timings = interleaved_timings({
+                "rows read": lambda: [engine.run_jobs(batch) for batch in batches],
+                "every row": lambda: [every_row(engine, batch) for batch in batches]}, args.rounds)
+            items = sum(len(job.sequences) for job in jobs)
+            share = sum(f for f, _ in finished) / sum(r for _, r in finished)
+            rows.append(f"| {workload.name} | {len(batches)} x {workload.clients} requests, {items} items | "
+                        f"{share:.3f} | {timings['every row']} | {timings['rows read']} | "
+                        f"**{timings['every row'].median / timings['rows read'].median:.2f}x** | {diff:.1e} |")
+            print(rows[-1], flush=True)
+    report = "\n".join([
+        "# The last layer on the rows a batch reads",
+        "",
+        f"Command: `python bench/final_rows.py --rounds {args.rounds}` on {machine()}. Model: "
+        f"{tiny_model('bench')}, float32, radix `auto`, no prefix cache; the workloads of `bench/peer_vllm.py` "
+        "(seed 0), each workload's clients' requests a batch; the script's docstring says what each column is.",
+        "",
+        "| workload | batches | rows the last layer finishes / computed rows | every row, s (min-max) | rows read, s "
+        "(min-max) | speed-up | max \\|answer diff\\| |",
+        "|---|---|---|---|---|---|---|",
+        *rows, ""])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "final_rows.md").write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
