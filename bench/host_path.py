@@ -173,7 +173,8 @@ def summarize(r: dict) -> dict:
         served = runners[f"served {t.name}"]["median"]
         out[t.name] = {"stages s": total, "ray hops s": served - total,
                        "host docs/s": 1000 / (total - stage_s["forward"]),
-                       "served host docs/s": 1000 / (served - stage_s["forward"]),
+                       "served host docs/s": 1000 / (served - stage_s["forward"]) if served > stage_s["forward"]
+                       else None,  # the forward's spread between rounds larger than the host time
                        "served / in-process": engine_s / served,
                        "served / stages": total / served,
                        "load docs/s": r["load"][t.name]["docs/s"],
@@ -275,7 +276,7 @@ def headline_table(results: dict) -> list[str]:
             s = r["summary"]
 
             def both(key: str, fmt: str) -> str:
-                return " / ".join(format(s[n][key], fmt) for n in names)
+                return " / ".join("n/a" if s[n][key] is None else format(s[n][key], fmt) for n in names)
             rows.append(f"| {preset} | {docs} | {both('host docs/s', ',.0f')} | {both('served host docs/s', ',.0f')} "
                         f"| {both('forward share at load', '.2f')} | {both('load docs/s', ',.1f')} | "
                         f"{both('served / in-process', '.2f')} | {both('served / stages', '.2f')} | "
@@ -297,7 +298,8 @@ def arithmetic(results: dict, args) -> str:
             f"{host:.4f} s = **{1000 / host:,.0f} documents/s per replica** against the target of "
             f"{TARGET_HOST_DOCS_S:,} (a host budget of {ms(1000 / TARGET_HOST_DOCS_S)} ms per 1,000 documents, "
             f"what keeps an H200 busy with a 0.6B reranker whose forward takes 100-250 ms per 1,000 such documents). "
-            f"With the Ray hops counted too: {s[grpc]['served host docs/s']:,.0f} documents/s. "
+            f"With the Ray hops counted too: {format(s[grpc]['served host docs/s'] or float('nan'), ',.0f')} "
+            "documents/s. "
             f"In-process engine / plain transformers: {s['engine / plain']:.2f}x (target 2x); served / in-process "
             f"at one client: {s[grpc]['served / in-process']:.2f}x over {grpc}, "
             f"{s[TRANSPORTS[1].name]['served / in-process']:.2f}x over {TRANSPORTS[1].name} (target 0.85x); "
@@ -310,7 +312,8 @@ def write_report(results: dict, args) -> None:
                 "1,000 documents, the median of the interleaved rounds for the served and in-process candidates and "
                 "the mean of the rounds for each stage (the script's docstring says what each is). Ray hops are the "
                 "served time less the sum of the in-process stages. Host documents/s = documents / (the stages' "
-                "time less the forward); full load is "
+                "time less the forward), from the served time likewise (n/a where the served time came under "
+                "the stages' forward: the forward's spread between rounds larger than the host time); full load is "
                 f"{args.clients} closed-loop clients, and the forward's share is the replica's own `forward_s` "
                 "(`Engine.run_jobs`) over the wall time. Pairs a / b are gRPC / HTTP.\n", *headline_table(results), "",
                 arithmetic(results, args)]
