@@ -81,6 +81,10 @@ def test_a_state_the_forward_did_not_finish_is_refused(engines):
     unfinished = np.setdiff1d(np.arange(result.num_computed), result.plan.final_rows)[:1]
     with pytest.raises(ValueError, match=f"final state of row {unfinished[0]} was not computed"):
         result.hidden_at(unfinished)
+    nothing = engine.run(result.prepared, reads=np.empty(0, dtype=np.int64))  # no row read: the last layer on none
+    assert nothing.hidden.shape[0] == 0
+    with pytest.raises(ValueError, match="final state of row 0 was not computed"):
+        nothing.hidden_at(np.array([0]))
 
 
 def test_a_job_that_reads_every_token_finishes_every_row(engines):
