@@ -32,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from serving import SERVICERS, free_port
+from serving import SERVICERS, free_port, held_compute, wait_for
 
 from deployments.app import build
 from radixserve.tei.v1 import tei_pb2 as tei
@@ -217,9 +217,13 @@ def test_exported_metrics_match_the_traffic(served):
     usages.append((reply.usage.input_tokens, reply.usage.computed_tokens, reply.usage.cached_tokens))
 
     # one key, more than its fair share: it spills. Each request's parts cost the key's owner its documents' rows
-    # only (the owner has the query cached), so the burst is long enough to keep several outstanding there.
-    burst = [scoring.Rerank.future(pb.RerankRequest(query="one shared query", documents=DOCS * 8), timeout=60,
-                                   metadata=AUTH) for _ in range(16)]
+    # only (the owner has the query cached); the replicas' compute is held until all 16 arrived, so several are
+    # outstanding on the owner when the ingress routes the next, however fast the replicas answer (a CI run whose
+    # replicas answered each before the ingress routed the next saw no spill)
+    with held_compute() as ongoing:
+        burst = [scoring.Rerank.future(pb.RerankRequest(query="one shared query", documents=DOCS * 8), timeout=60,
+                                       metadata=AUTH) for _ in range(16)]
+        wait_for(lambda: ongoing() >= len(burst), 30, "the burst reaching the engine replicas")
     for _ in range(2):  # IndexBuilders killed: the next batch built while one runs, or the health probe, starts one
         for name, namespace in index_builders():
             ray.kill(ray.get_actor(name, namespace=namespace))
