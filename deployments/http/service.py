@@ -114,11 +114,11 @@ class PriorityHeader:
 
 
 class FastJSONResponse(JSONResponse):
-    """`JSONResponse` encoded by pydantic-core's Rust encoder: the same JSON, 7x faster on embedding vectors (16 x 512
-    floats 0.48 against 3.55 ms, their `tolist` included), the cost of a response that grows with the hidden size and
-    the texts a request embeds. Non-finite numbers are refused as the standard library refuses them: a body with a
-    bare `NaN` or `Infinity` (or a string holding those letters) is encoded again by the standard library, which
-    raises on the number and writes the string."""
+    """`JSONResponse` encoded by pydantic-core's Rust encoder: the same JSON, faster on embedding vectors, the part of
+    a response that grows with the hidden size and the texts a request embeds (an OpenAI body, `tolist` included, on
+    2 CPUs: 16 x 512 floats 0.65 against 3.67 ms, 1,000 x 1,024 126 against 489). Non-finite numbers are refused as
+    the standard library refuses them: a body with a bare `NaN` or `Infinity` (or a string holding those letters) is
+    encoded again by the standard library, which raises on the number and writes the string."""
 
     def render(self, content: Any) -> bytes:
         body = pydantic_core.to_json(content, inf_nan_mode="constants")
