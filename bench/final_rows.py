@@ -32,17 +32,24 @@ from timing import interleaved_timings
 
 from radix_core.engine import Engine
 from radix_core.finish import finish_jobs, read_tokens
+from radix_core.forward_result import ForwardResult
 from radix_core.tasks import TASKS
 from radix_core.tiny_models import PRESETS, make_tiny_model
 from radix_core.tokens import TokenSequences
 
 
+def finished(engine: Engine, jobs: list, rows_read: bool) -> tuple[ForwardResult, list]:
+    """`run_jobs` laid open: the jobs' forward (finishing the rows they read, or every row) and their partial
+    results."""
+    prepared = engine.prepare(TokenSequences.concat([job.sequences for job in jobs]))
+    result = engine.run(prepared, reads=read_tokens(jobs, prepared.cu_seqlens) if rows_read else None)
+    with engine.numerics():
+        return result, finish_jobs(result, jobs)
+
+
 def every_row(engine: Engine, jobs: list) -> list:
     """`run_jobs` finishing every row: the forward without `reads`, then the jobs' finish."""
-    prepared = engine.prepare(TokenSequences.concat([job.sequences for job in jobs]))
-    result = engine.run(prepared)
-    with engine.numerics():
-        return finish_jobs(result, jobs)
+    return finished(engine, jobs, False)[1]
 
 
 def values(partial) -> np.ndarray:
@@ -66,22 +73,18 @@ def main() -> None:
         for workload in workloads:
             jobs = [TASKS[workload.task].encode(engine.context, request) for request in workload.requests]
             batches = [jobs[i:i + workload.clients] for i in range(0, len(jobs), workload.clients)]
-            read = [p for batch in batches for p in engine.run_jobs(batch)]
+            runs = [finished(engine, batch, True) for batch in batches]  # (result, partials) per batch
+            read = [p for _, partials in runs for p in partials]
             every = [p for batch in batches for p in every_row(engine, batch)]
             diff = max(float(np.abs(values(a) - values(b)).max()) for a, b in zip(read, every))
             if diff > args.tolerance:
                 raise SystemExit(f"{workload.name}: the two ways disagree by {diff:.3g} (tolerance {args.tolerance})")
-            finished = []
-            for batch in batches:
-                prepared = engine.prepare(TokenSequences.concat([job.sequences for job in batch]))
-                result = engine.run(prepared, reads=read_tokens(batch, prepared.cu_seqlens))
-                final = result.plan.final_rows
-                finished.append((result.num_computed if final is None else final.shape[0], result.num_computed))
+            share = sum(result.num_computed if result.plan.final_rows is None else result.plan.final_rows.shape[0]
+                        for result, _ in runs) / sum(result.num_computed for result, _ in runs)
             timings = interleaved_timings({
                 "rows read": lambda: [engine.run_jobs(batch) for batch in batches],
                 "every row": lambda: [every_row(engine, batch) for batch in batches]}, args.rounds)
             items = sum(len(job.sequences) for job in jobs)
-            share = sum(f for f, _ in finished) / sum(r for _, r in finished)
             rows.append(f"| {workload.name} | {len(batches)} x {workload.clients} requests, {items} items | "
                         f"{share:.3f} | {timings['every row']} | {timings['rows read']} | "
                         f"**{timings['every row'].median / timings['rows read'].median:.2f}x** | {diff:.1e} |")
