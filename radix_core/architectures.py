@@ -1,7 +1,10 @@
 """Loading a transformers checkpoint of a supported family and exposing the parts the compact forward drives.
 
 We reuse upstream modules and weights (embeddings, norms, projections, Qwen3 q/k-norm, Qwen2 qkv bias, rotary
-with any rope scaling, MLP, heads) and only replace the batch orchestration and attention around them.
+with any rope scaling, MLP, heads) and only replace the batch orchestration and attention around them. On the CPU
+two swaps compute the same products in less time: the layers' float32 linears on prepacked oneDNN weights
+(`radix_core.packed_linear`), and the dense families' norms, SiLU MLPs and rotary in fewer passes, the same bits
+(`radix_core.lean_layers`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from transformers import (
     PretrainedConfig,
 )
 
+from radix_core.lean_layers import ROTARY_FAMILIES, lean_layers, lean_rotary
 from radix_core.packed_linear import pack_linears, packs
 
 SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_5_text", "qwen3_next")
@@ -68,9 +72,11 @@ class Architecture:
         return self.embed_tokens.embedding_dim
 
 
-def load_architecture(model: str, device: torch.device, dtype: torch.dtype, packed: bool = False) -> Architecture:
+def load_architecture(model: str, device: torch.device, dtype: torch.dtype, packed: bool = False,
+                      lean: bool = False) -> Architecture:
     """Load `model` (local directory or hub id) with transformers, in eval mode on `device` and `dtype`. `packed`:
-    the decoder layers' linears run on prepacked weights where `radix_core.packed_linear` applies."""
+    the decoder layers' linears run on prepacked weights where `radix_core.packed_linear` applies. `lean`: on the
+    CPU, the dense families' norms, MLPs and rotary as `radix_core.lean_layers` (the same bits, fewer passes)."""
     config = load_config(model)
     head = head_of(config)
     try:
@@ -82,6 +88,9 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype, pack
     base = getattr(base, "language_model", base)  # a multimodal model's text model
     if packed and packs(device, dtype):
         pack_linears(base.layers)
+    lean = lean and device.type == "cpu"
+    if lean:
+        lean_layers(base)
     return Architecture(
         family=config.model_type,
         head=head,
@@ -90,7 +99,8 @@ def load_architecture(model: str, device: torch.device, dtype: torch.dtype, pack
         layers=base.layers,
         norm=base.norm,
         rotary_emb=base.rotary_emb,
-        apply_rotary=sys.modules[type(base.layers[0]).__module__].apply_rotary_pos_emb,
+        apply_rotary=lean_rotary if lean and config.model_type in ROTARY_FAMILIES else
+        sys.modules[type(base.layers[0]).__module__].apply_rotary_pos_emb,
         head_module={"causal_lm": getattr(loaded, "lm_head", None),
                      "seq_cls": getattr(loaded, "score", None)}.get(head),
         max_seq_len=max_seq_len(config),

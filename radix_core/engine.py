@@ -124,7 +124,7 @@ class Engine:
         config = replace(config or EngineConfig(), **settings)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        arch = load_architecture(model, device, dtype, packed=not config.batch_invariant)
+        arch = load_architecture(model, device, dtype, packed=not config.batch_invariant, lean=True)
         task_config = TaskConfig.from_dict(tasks) if isinstance(tasks, Mapping) else tasks
         return cls(arch, device, dtype, config, model=model, prompts=load_prompt_tokenizer(model),
                    task_config=task_config)
