@@ -120,7 +120,8 @@ NOTES = """\
   128 tokens on CPU, and the shared prefixes here (about 75 tokens of prompt and query for a rerank, about 30 of
   instruction) are shorter than one block: vLLM computes every token (its log's hit rate, in the start-up table).
 * **Ours on the CPU**: the decoder layers' linears as oneDNN gemms on weights prepacked at load, as vLLM's
-  (`radix_core/packed_linear.py`), the rest torch's eager aten kernels (no compiled fusion), the engine replica's
+  (`radix_core/packed_linear.py`), the rest torch's eager aten kernels (no compiled fusion; the norms, SiLU MLP and
+  rotary in upstream's operations with fewer passes, `radix_core/lean_layers.py`), the engine replica's
   torch threads (its CPU reservation rounded up) left to the OS scheduler, attention one kernel call per bucket of
   padded blocks (`radix_core/padded_blocks.py`), and each request crosses Ray's HTTP proxy, the ingress replica
   and the engine replica (and the IndexBuilder actor): the process table says which process spent the machine.
