@@ -68,12 +68,12 @@ def test_lean_layers_swaps_only_those_classes_and_silu_mlps():
 
     gelu = modeling_qwen3.Qwen3MLP(config)
     gelu.act_fn = ACT2FN["gelu"]
-    model = nn.Sequential(modeling_qwen3.Qwen3RMSNorm(32), nn.Sequential(modeling_qwen3.Qwen3MLP(config)),
-                          CustomNorm(32), gelu)
+    norm, mlp = modeling_qwen3.Qwen3RMSNorm(32), modeling_qwen3.Qwen3MLP(config)
+    model = nn.Sequential(norm, nn.Sequential(mlp), CustomNorm(32), gelu)
     assert lean_layers(model) == 2
     assert type(model[0]) is LeanRMSNorm and type(model[1][0]) is LeanMLP
     assert type(model[2]) is CustomNorm and type(model[3]) is modeling_qwen3.Qwen3MLP
-    assert model[0].weight is not None and model[1][0].gate_proj is not None
+    assert model[0].weight is norm.weight and model[1][0].down_proj is mlp.down_proj  # shared, not copied
 
 
 def engine_pair(model_dir: str, dtype: str) -> tuple[Engine, Engine]:
