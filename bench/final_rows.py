@@ -23,18 +23,14 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
-from machine import machine, tiny_model
-from peer_vllm import make_workloads
+from engine_side_by_side import bench_model, peer_batches, table_row, values, write_report
 from timing import interleaved_timings
 
 from radix_core.engine import Engine
 from radix_core.finish import finish_jobs, read_tokens
 from radix_core.forward_result import ForwardResult
-from radix_core.tasks import TASKS
-from radix_core.tiny_models import PRESETS, make_tiny_model
 from radix_core.tokens import TokenSequences
 
 
@@ -52,27 +48,17 @@ def every_row(engine: Engine, jobs: list) -> list:
     return finished(engine, jobs, False)[1]
 
 
-def values(partial) -> np.ndarray:
-    """A rerank's scores or an embedding's vectors."""
-    return np.asarray(partial.scores if hasattr(partial, "scores") else partial.embeddings, dtype=np.float64)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per candidate and workload")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |difference| of the two answers")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    sizes = SimpleNamespace(requests_8=48, requests_256=4, embed_requests=96)
-    workloads, _ = make_workloads(sizes, np.random.default_rng(0))
     with tempfile.TemporaryDirectory() as work:
-        model_dir = make_tiny_model(Path(work) / "bench-qwen3", "qwen3", "causal_lm", **PRESETS["bench"])
-        engine = Engine.from_pretrained(str(model_dir), device="cpu", radix="auto", prefix_cache_bytes=0)
+        engine = Engine.from_pretrained(bench_model(Path(work)), device="cpu", radix="auto", prefix_cache_bytes=0)
         engine.warm_up()
         rows = []
-        for workload in workloads:
-            jobs = [TASKS[workload.task].encode(engine.context, request) for request in workload.requests]
-            batches = [jobs[i:i + workload.clients] for i in range(0, len(jobs), workload.clients)]
+        for workload, jobs, batches in peer_batches(engine):
             runs = [finished(engine, batch, True) for batch in batches]  # (result, partials) per batch
             read = [p for _, partials in runs for p in partials]
             every = [p for batch in batches for p in every_row(engine, batch)]
@@ -84,25 +70,13 @@ def main() -> None:
             timings = interleaved_timings({
                 "rows read": lambda: [engine.run_jobs(batch) for batch in batches],
                 "every row": lambda: [every_row(engine, batch) for batch in batches]}, args.rounds)
-            items = sum(len(job.sequences) for job in jobs)
-            rows.append(f"| {workload.name} | {len(batches)} x {workload.clients} requests, {items} items | "
-                        f"{share:.3f} | {timings['every row']} | {timings['rows read']} | "
-                        f"**{timings['every row'].median / timings['rows read'].median:.2f}x** | {diff:.1e} |")
+            rows.append(table_row(workload, jobs, batches, [
+                f"{share:.3f}", str(timings["every row"]), str(timings["rows read"]),
+                f"**{timings['every row'].median / timings['rows read'].median:.2f}x**", f"{diff:.1e}"]))
             print(rows[-1], flush=True)
-    report = "\n".join([
-        "# The last layer on the rows a batch reads",
-        "",
-        f"Command: `python bench/final_rows.py --rounds {args.rounds}` on {machine()}. Model: "
-        f"{tiny_model('bench')}, float32, radix `auto`, no prefix cache; the workloads of `bench/peer_vllm.py` "
-        "(seed 0), each workload's clients' requests a batch; the script's docstring says what each column is.",
-        "",
-        "| workload | batches | rows the last layer finishes / computed rows | every row, s (min-max) | rows read, s "
-        "(min-max) | speed-up | max \\|answer diff\\| |",
-        "|---|---|---|---|---|---|---|",
-        *rows, ""])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "final_rows.md").write_text(report)
-    print(report)
+    write_report(args.out, "final_rows", "The last layer on the rows a batch reads", args.rounds,
+                 ["rows the last layer finishes / computed rows", "every row, s (min-max)", "rows read, s (min-max)",
+                  "speed-up", "max \\|answer diff\\|"], rows)
 
 
 if __name__ == "__main__":

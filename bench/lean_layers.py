@@ -23,19 +23,14 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
-from final_rows import values
-from machine import machine, tiny_model
-from peer_vllm import make_workloads
+from engine_side_by_side import bench_model, peer_batches, table_row, values, write_report
 from timing import interleaved_timings
 
 from radix_core.architectures import load_architecture
 from radix_core.engine import Engine
 from radix_core.engine_config import EngineConfig
-from radix_core.tasks import TASKS
-from radix_core.tiny_models import PRESETS, make_tiny_model
 
 
 def engines(model_dir: str) -> dict[str, Engine]:
@@ -54,39 +49,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per engine and workload")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    sizes = SimpleNamespace(requests_8=48, requests_256=4, embed_requests=96)
-    workloads, _ = make_workloads(sizes, np.random.default_rng(0))
     with tempfile.TemporaryDirectory() as work:
-        model_dir = make_tiny_model(Path(work) / "bench-qwen3", "qwen3", "causal_lm", **PRESETS["bench"])
-        both = engines(str(model_dir))
+        both = engines(bench_model(Path(work)))
         rows = []
-        for workload in workloads:
-            jobs = [TASKS[workload.task].encode(both["lean"].context, request) for request in workload.requests]
-            batches = [jobs[i:i + workload.clients] for i in range(0, len(jobs), workload.clients)]
+        for workload, jobs, batches in peer_batches(both["lean"]):
             answers = {name: [values(p) for batch in batches for p in engine.run_jobs(batch)]
                        for name, engine in both.items()}
             if not all(np.array_equal(a, b) for a, b in zip(answers["lean"], answers["upstream"])):
                 raise SystemExit(f"{workload.name}: the lean engine's answers differ from upstream modules'")
             timings = interleaved_timings({name: lambda e=engine: [e.run_jobs(batch) for batch in batches]
                                            for name, engine in both.items()}, args.rounds)
-            items = sum(len(job.sequences) for job in jobs)
-            rows.append(f"| {workload.name} | {len(batches)} x {workload.clients} requests, {items} items | "
-                        f"{timings['upstream']} | {timings['lean']} | "
-                        f"**{timings['upstream'].median / timings['lean'].median:.3f}x** | bit for bit |")
+            rows.append(table_row(workload, jobs, batches, [
+                str(timings["upstream"]), str(timings["lean"]),
+                f"**{timings['upstream'].median / timings['lean'].median:.3f}x**", "bit for bit"]))
             print(rows[-1], flush=True)
-    report = "\n".join([
-        "# Lean norms, MLPs and rotary against upstream's modules",
-        "",
-        f"Command: `python bench/lean_layers.py --rounds {args.rounds}` on {machine()}. Model: "
-        f"{tiny_model('bench')}, float32, radix `auto`, no prefix cache; the workloads of `bench/peer_vllm.py` "
-        "(seed 0), each workload's clients' requests a batch; the script's docstring says what each column is.",
-        "",
-        "| workload | batches | upstream modules, s (min-max) | lean, s (min-max) | speed-up | answers |",
-        "|---|---|---|---|---|---|",
-        *rows, ""])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lean_layers.md").write_text(report)
-    print(report)
+    write_report(args.out, "lean_layers", "Lean norms, MLPs and rotary against upstream's modules", args.rounds,
+                 ["upstream modules, s (min-max)", "lean, s (min-max)", "speed-up", "answers"], rows)
 
 
 if __name__ == "__main__":
