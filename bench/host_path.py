@@ -247,6 +247,11 @@ def ms(seconds: float) -> str:
     return f"{1000 * seconds:.1f}"
 
 
+def figure(value: float | None, fmt: str) -> str:
+    """`value` formatted, or n/a where the summary has none (`summarize`'s served host documents/s)."""
+    return "n/a" if value is None else format(value, fmt)
+
+
 def stage_table(r: dict) -> list[str]:
     """Milliseconds per 1,000 documents of each stage, the Ray hops and the served time, per transport."""
     names = [t.name for t in TRANSPORTS]
@@ -276,7 +281,7 @@ def headline_table(results: dict) -> list[str]:
             s = r["summary"]
 
             def both(key: str, fmt: str) -> str:
-                return " / ".join("n/a" if s[n][key] is None else format(s[n][key], fmt) for n in names)
+                return " / ".join(figure(s[n][key], fmt) for n in names)
             rows.append(f"| {preset} | {docs} | {both('host docs/s', ',.0f')} | {both('served host docs/s', ',.0f')} "
                         f"| {both('forward share at load', '.2f')} | {both('load docs/s', ',.1f')} | "
                         f"{both('served / in-process', '.2f')} | {both('served / stages', '.2f')} | "
@@ -298,8 +303,7 @@ def arithmetic(results: dict, args) -> str:
             f"{host:.4f} s = **{1000 / host:,.0f} documents/s per replica** against the target of "
             f"{TARGET_HOST_DOCS_S:,} (a host budget of {ms(1000 / TARGET_HOST_DOCS_S)} ms per 1,000 documents, "
             f"what keeps an H200 busy with a 0.6B reranker whose forward takes 100-250 ms per 1,000 such documents). "
-            f"With the Ray hops counted too: {format(s[grpc]['served host docs/s'] or float('nan'), ',.0f')} "
-            "documents/s. "
+            f"With the Ray hops counted too: {figure(s[grpc]['served host docs/s'], ',.0f')} documents/s. "
             f"In-process engine / plain transformers: {s['engine / plain']:.2f}x (target 2x); served / in-process "
             f"at one client: {s[grpc]['served / in-process']:.2f}x over {grpc}, "
             f"{s[TRANSPORTS[1].name]['served / in-process']:.2f}x over {TRANSPORTS[1].name} (target 0.85x); "
