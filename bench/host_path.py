@@ -42,8 +42,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 import time
+import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +54,13 @@ from typing import get_args
 import numpy as np
 import ray
 from child_process import ChildProcess
+from host_capacity import FEEDER_STAGES, LoadCpu, capacity
 from host_stages import stages
 from in_process_worker import CANDIDATES, host_path_candidates
 from load_driver import LoadDriver
 from local_serve import app_args, free_port, run_app, start_serve
 from machine import machine, plot_title, tiny_model
+from peer_vllm_processes import TAG_ENV
 from ray import serve
 from timing import interleaved_timings
 from wire import TRANSPORTS
@@ -137,16 +141,18 @@ def measure(key: int, work: Workload, inproc: ChildProcess, calls: dict, handle,
               "stages": stage_s,
               "server_1_client": {k: v * 1000 / (2 * work.round_docs * (args.repeats + 1)) if k != "batches" else v
                                   for k, v in server.items()},
-              "load": {name: full_load(work, call, handle, args.clients, f"load {name} {work.docs}")
+              "load": {name: full_load(work, call, handle, args.clients, f"load {name} {work.docs}", args.tag)
                        for name, call in calls.items()}}
-    result["summary"] = summarize(result)
+    result["summary"] = summarize(result, args.node_cores)
     return result
 
 
-def full_load(work: Workload, call, handle, clients: int, label: str) -> dict:
-    """Docs/s of `clients` closed-loop clients over the load requests, and the replica's stage seconds per 1,000
-    documents and shares of the wall time."""
+def full_load(work: Workload, call, handle, clients: int, label: str, tag: str) -> dict:
+    """Docs/s of `clients` closed-loop clients over the load requests, the replica's stage seconds per 1,000
+    documents and shares of the wall time, and each process's CPU per 1,000 documents (the processes carrying
+    `tag`: `host_capacity.LoadCpu`)."""
     before = batch_seconds(handle)
+    cpu = LoadCpu(tag)
     start = time.perf_counter()
     outcomes = LoadDriver(call, iter(work.load)).closed_loop(clients, label=label, total=len(work.load))
     wall = time.perf_counter() - start
@@ -154,15 +160,17 @@ def full_load(work: Workload, call, handle, clients: int, label: str) -> dict:
     if failed:
         raise RuntimeError(f"{label}: {len(failed)} of {len(outcomes)} requests failed, the first with "
                            f"{failed[0].error}")
-    server = since(before, batch_seconds(handle))
     docs = sum(len(r["documents"]) for r in work.load)
+    cpu_ms = cpu.per_1000(docs, handle.info.remote().result()["torch_threads"])
+    server = since(before, batch_seconds(handle))
     return {"docs/s": docs / wall, "batches": server["batches"],
             "share": {stage: server[stage] / wall for stage in SERVER_STAGES},
-            "per_1000": {stage: server[stage] * 1000 / docs for stage in SERVER_STAGES}}
+            "per_1000": {stage: server[stage] * 1000 / docs for stage in SERVER_STAGES}, "cpu_ms": cpu_ms}
 
 
-def summarize(r: dict) -> dict:
-    """The headline figures of one preset and size, per transport."""
+def summarize(r: dict, node_cores: int) -> dict:
+    """The headline figures of one preset and size, per transport; what the host side of a `node_cores`-CPU node
+    whose forward runs on an accelerator sustains at the processes' CPU costs (`host_capacity.capacity`)."""
     runners, stage_s = r["runners"], r["stages"]
     engine_s = runners["in-process engine"]["median"]
     out = {"in-process engine docs/s": 1000 / engine_s,
@@ -179,7 +187,9 @@ def summarize(r: dict) -> dict:
                        "served / stages": total / served,
                        "load docs/s": r["load"][t.name]["docs/s"],
                        "load / in-process": r["load"][t.name]["docs/s"] * engine_s / 1000,
-                       "forward share at load": r["load"][t.name]["share"]["forward"]}
+                       "forward share at load": r["load"][t.name]["share"]["forward"],
+                       "feeder ms": 1000 * sum(stage_s[s] for s in FEEDER_STAGES)}
+        out[t.name]["node"] = vars(capacity(r["load"][t.name]["cpu_ms"], out[t.name]["feeder ms"], node_cores))
     return out
 
 
@@ -222,7 +232,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--topology", choices=get_args(Topology), default="split",
                         help="placement.topology of the served application")
+    parser.add_argument("--node-cores", type=int, default=8,
+                        help="CPUs of the accelerator node whose host side the report sizes")
     args = parser.parse_args()
+    args.tag = uuid.uuid4().hex  # in the environment of every process the Ray started below runs (LoadCpu)
+    os.environ[TAG_ENV] = args.tag
     rng = np.random.default_rng(args.seed)
     rounds = args.repeats + 1
     works = [workload(rng, args.large, args.large_requests, 1, rounds, args.clients),
@@ -240,7 +254,8 @@ def main() -> None:
 def command(args) -> str:
     return (f"python bench/host_path.py --presets {' '.join(args.presets)} --large {args.large} --large-requests "
             f"{args.large_requests} --small {args.small} --small-requests {args.small_requests} --repeats "
-            f"{args.repeats} --clients {args.clients} --padded-batch {args.padded_batch} --topology {args.topology}")
+            f"{args.repeats} --clients {args.clients} --padded-batch {args.padded_batch} --topology {args.topology} "
+            f"--node-cores {args.node_cores}")
 
 
 def ms(seconds: float) -> str:
@@ -268,6 +283,25 @@ def stage_table(r: dict) -> list[str]:
     rows += [f"| replica's own `{stage}_s` (both transports, one client) | "
              f"{' | '.join(ms(server[stage]) for _ in names)} |" for stage in SERVER_STAGES]
     return rows
+
+
+def cpu_table(r: dict, node_cores: int) -> list[str]:
+    """CPU milliseconds per 1,000 documents of each process at full load, per transport, and what the host side
+    of a `node_cores`-CPU accelerator node sustains at those costs (`host_capacity`)."""
+    names = [t.name for t in TRANSPORTS]
+    cpu = [r["load"][n]["cpu_ms"] for n in names]
+    most = {p: max(c.get(p, 0.0) for c in cpu) for c in cpu for p in c}
+    processes = sorted((p for p, ms in most.items() if ms >= 0.05), key=lambda p: -most[p])  # idle ones left out
+    rows = [f"| process (CPU ms per 1,000 documents at full load) | {' | '.join(names)} |",
+            "|---|" + "---|" * len(names)]
+    rows += [f"| {p} | {' | '.join(f'{c.get(p, 0.0):.1f}' for c in cpu)} |" for p in processes]
+    summary = [r["summary"][n] for n in names]
+    feeder = " | ".join(f"{s['feeder ms']:.1f}" for s in summary)
+    host = " | ".join(f"{s['node']['host_ms']:.1f}" for s in summary)
+    node = " | ".join(f"{s['node']['docs_s']:,.0f} ({s['node']['bound']})" for s in summary)
+    return rows + [f"| feeder stages in-process ({', '.join(FEEDER_STAGES)}) | {feeder} |",
+                   f"| **host, the forward's threads left out** | {host} |",
+                   f"| **{node_cores}-CPU accelerator node's host side, documents/s** | {node} |"]
 
 
 def headline_table(results: dict) -> list[str]:
@@ -308,7 +342,13 @@ def arithmetic(results: dict, args) -> str:
             f"at one client: {s[grpc]['served / in-process']:.2f}x over {grpc}, "
             f"{s[TRANSPORTS[1].name]['served / in-process']:.2f}x over {TRANSPORTS[1].name} (target 0.85x); "
             f"served / the in-process stages (the same batches): {s[grpc]['served / stages']:.2f}x over {grpc}, "
-            f"{s[TRANSPORTS[1].name]['served / stages']:.2f}x over {TRANSPORTS[1].name}.")
+            f"{s[TRANSPORTS[1].name]['served / stages']:.2f}x over {TRANSPORTS[1].name}. At the CPU each process "
+            f"spent at full load (the forward's threads left out, the feeder's stages in: "
+            f"{s[grpc]['node']['host_ms']:.1f} ms per 1,000 documents over {grpc}), the host side of a "
+            f"{args.node_cores}-CPU node whose forward runs on an accelerator sustains "
+            f"**{s[grpc]['node']['docs_s']:,.0f} documents/s** over {grpc} (bound: {s[grpc]['node']['bound']}) and "
+            f"{s[TRANSPORTS[1].name]['node']['docs_s']:,.0f} over {TRANSPORTS[1].name} "
+            f"(bound: {s[TRANSPORTS[1].name]['node']['bound']}).")
 
 
 def write_report(results: dict, args) -> None:
@@ -323,7 +363,8 @@ def write_report(results: dict, args) -> None:
                 arithmetic(results, args)]
     for preset, sizes in results.items():
         for docs, r in sizes.items():
-            sections += [f"\n## `{preset}`, {docs} documents per request\n", *stage_table(r)]
+            sections += [f"\n## `{preset}`, {docs} documents per request\n", *stage_table(r), "",
+                         *cpu_table(r, args.node_cores)]
     text = "\n".join(sections) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_path.md").write_text(text)

@@ -1,5 +1,6 @@
 """The processes of one server launch, found by a tag in their environment: what they did while the peer benchmark
-(`bench/peer_vllm.py`) measured, and ending whatever of them outlives the server's own shutdown.
+(`bench/peer_vllm.py`) measured, and ending whatever of them outlives the server's own shutdown. `bench/host_path.py`
+tags the Ray it starts the same way, to count each process's CPU at full load (`bench/host_capacity.py`).
 
 Every process a server starts (Ray's daemons and workers, vLLM's engine core and worker) inherits its launcher's
 environment, so a variable set there with a value of this launch's own (`TAG_ENV=<uuid>`) finds all of them and

@@ -1,5 +1,6 @@
 """The host-path benchmark (`bench/host_path.py`): its in-process stages answer as the engine does and time every
-stage; its workloads never repeat a request; the whole script at a tiny size through a local Ray Serve."""
+stage; its workloads never repeat a request; its per-process CPU accounting and the node arithmetic
+(`bench/host_capacity.py`); the whole script at a tiny size through a local Ray Serve."""
 
 import json
 import os
@@ -58,3 +59,56 @@ def test_the_script_writes_its_table_json_and_plot(tmp_path, workdir):
     result = json.loads((tmp_path / "host_path.json").read_text())["results"]["tiny"]
     assert set(result) == {"16", "4"}
     assert "| tiny | 16 |" in (tmp_path / "host_path.md").read_text() and (tmp_path / "host_path.png").stat().st_size
+
+
+def test_the_node_sustains_the_least_of_its_cores_and_its_one_core_processes():
+    from host_capacity import FORWARD_THREADS, INDEX_BUILDER, OTHER_THREADS, PROXY, capacity
+
+    cpu_ms = {FORWARD_THREADS: 5000.0, OTHER_THREADS: 10.0, PROXY: 100.0, INDEX_BUILDER: 20.0,
+              "ray::ServeReplica:radixserve:Ingress": 300.0, "raylet": 5.0}
+    node = capacity(cpu_ms, feeder_ms=30.0, cores=8)
+    assert node.host_ms == pytest.approx(465.0)  # the forward's threads left out, the feeder's stages in
+    assert node.docs_s == pytest.approx(1e6 / 100.0) and "proxy" in node.bound  # under 8e6 / 465 = 17,204
+    small = capacity(cpu_ms, feeder_ms=30.0, cores=2)
+    assert small.docs_s == pytest.approx(2e6 / 465.0) and "2 cores" in small.bound
+    replica = capacity({**cpu_ms, OTHER_THREADS: 200.0}, feeder_ms=30.0, cores=64)
+    assert replica.docs_s == pytest.approx(1e6 / 230.0) and "engine replica" in replica.bound
+
+
+def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_thread():
+    """A process titled as the engine replica burns ~0.4 s of CPU in one thread and ~0.1 s in another: with one
+    torch thread the first is its forward, the second its other threads; an untagged process is not counted."""
+    import subprocess
+    import time
+    import uuid
+
+    from host_capacity import ENGINE, FORWARD_THREADS, OTHER_THREADS, LoadCpu
+    from peer_vllm_processes import TAG_ENV, process_name
+
+    tag = uuid.uuid4().hex
+    burn = ("import sys, threading, time\n"
+            "end = threading.Event()\n"
+            "def spin(s):\n    until = time.process_time() + s\n    while time.process_time() < until: pass\n"
+            "    end.wait()\n"  # a thread that ended leaves /proc/PID/task with its CPU time
+            "sys.stdin.readline()\n"
+            "for s in (0.4, 0.1):\n    threading.Thread(target=spin, args=(s,)).start(); time.sleep(s + 0.2)\n"
+            "print('done', flush=True)\nsys.stdin.readline()\nend.set()\n")
+    env = {**os.environ, TAG_ENV: tag}
+    with subprocess.Popen(["bash", "-c", f'exec -a "{ENGINE}" {sys.executable} -c "$0"', burn], env=env,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as engine, \
+            subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True) as untagged:
+        deadline = time.monotonic() + 20  # until bash has exec'd the titled interpreter
+        while process_name(engine.pid) != ENGINE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cpu = LoadCpu(tag)
+        for process in (engine, untagged):
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        assert engine.stdout.readline() == "done\n" and untagged.stdout.readline() == "done\n"
+        spent = cpu.per_1000(1000, torch_threads=1)  # ms per 1,000 documents = ms here
+        for process in (engine, untagged):
+            process.stdin.write("end\n")
+            process.stdin.flush()
+    assert 350 <= spent[FORWARD_THREADS] <= 600 and 80 <= spent[OTHER_THREADS] <= 250
+    assert set(spent) == {FORWARD_THREADS, OTHER_THREADS}
