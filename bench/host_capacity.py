@@ -18,7 +18,6 @@ sustains the least of these; `bound` names which.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,19 +32,20 @@ ONE_CORE = {"Ray Serve's proxy (one per node)": (PROXY,), "the IndexBuilder (one
 
 
 def thread_seconds(pid: int) -> dict[int, float]:
-    """CPU seconds (utime + stime) of each thread of `pid`."""
+    """CPU seconds of each live thread of `pid`, to the nanosecond (`/proc/PID/task/TID/schedstat`; utime and stime
+    count 10 ms ticks, coarse beside a small request's milliseconds)."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
         except OSError:  # the thread ended
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
 
 def process_seconds(tag: str) -> dict[int, tuple[str, float]]:
-    """(name, CPU seconds) of every process carrying `tag` (`peer_vllm_processes.tagged`)."""
+    """(name, CPU seconds of its live threads) of every process carrying `tag` (`peer_vllm_processes.tagged`); a
+    thread that ends between two readings takes its time with it (a Ray worker's threads live as long as it)."""
     out = {}
     for pid in tagged(tag):
         try:

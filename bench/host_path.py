@@ -24,17 +24,20 @@ allocator the engine replica sets (`radix_core.host_memory`):
   (`bench/padded_baseline.py`).
 
 Every round sends new requests (a prefix cache would otherwise answer the documents of the round before); every
-candidate gets the same ones. Then **full load**: `--clients` clients send more new requests through each transport,
-and the replica's own batch timings (`BatchStats`, read through `Ingress.info`) give the share of the replica's wall
-time its forward (`Engine.run_jobs`) held.
+candidate gets the same ones. Then **full load**: `--clients` clients send more new requests (at least `LOAD_DOCS`
+documents) through each transport; the replica's own batch timings (`BatchStats`, read through `Ingress.info`) give
+the share of the replica's wall time its forward (`Engine.run_jobs`) held, and every process of the Ray this script
+starts its CPU per 1,000 documents (`bench/host_capacity.py`: the engine replica's forward threads apart from its
+other threads).
 
 Headline: **host documents/s per engine replica** = documents / (the stages' time less the forward), per transport;
 the same from the served time (Ray hops included); the forward's share at full load; served against the in-process
 stages (the same batches: the batcher splits a Cohere-size request by `max_batch_tokens`) and against the engine
-in-process (one batch per request, as the library runs it).
+in-process (one batch per request, as the library runs it). Per size, what the host side of a `--node-cores`-CPU
+node whose forward runs on an accelerator sustains at the processes' CPU costs, and which process bounds it.
 
     python bench/host_path.py [--presets tiny bench] [--large 1000] [--small 8] [--repeats 3] [--clients 4]
-                              [--topology split|combined]
+                              [--topology split|combined] [--node-cores 8]
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 
 SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
 TARGET_HOST_DOCS_S = 5000
+LOAD_DOCS = 1000  # at least, at full load: each process's CPU per document read over seconds, not a few requests
 API_KEYS = {t.name: f"host-path-{t.name.lower()}-tenant" for t in TRANSPORTS}  # a prefix cache tree per transport
 
 
@@ -89,10 +93,10 @@ class Workload:
 
 
 def workload(rng: np.random.Generator, docs: int, requests: int, per_query: int, rounds: int,
-             clients: int) -> Workload:
+             clients: int, load_docs: int = LOAD_DOCS) -> Workload:
     """`rounds` sets of `requests` rerank requests of `docs` MS MARCO-shaped documents, `per_query` requests per
-    query, and a load set of at least two requests per client; no request twice."""
-    load_sets = math.ceil(2 * clients / requests)
+    query, and a load set of at least two requests per client and `load_docs` documents; no request twice."""
+    load_sets = max(math.ceil(2 * clients / requests), math.ceil(load_docs / (docs * requests)))
     total = (rounds + load_sets) * requests
     counter = token_counter(make_tiny_tokenizer())
     groups = msmarco_texts(rng, counter, MsMarco(queries=math.ceil(total / per_query),

@@ -20,9 +20,10 @@ from local_serve import free_port  # noqa: E402
 from wire import TRANSPORTS  # noqa: E402
 
 
-def test_workload_rounds_and_load_never_repeat_a_request():
-    work = workload(np.random.default_rng(0), docs=4, requests=3, per_query=2, rounds=2, clients=2)
+def test_workload_rounds_and_load_never_repeat_a_request_and_load_enough_documents():
+    work = workload(np.random.default_rng(0), docs=4, requests=3, per_query=2, rounds=2, clients=2, load_docs=50)
     assert [len(r) for r in work.rounds] == [3, 3] and len(work.load) >= 4
+    assert sum(len(r["documents"]) for r in work.load) >= 50  # each process's CPU read over seconds
     sent = [(r["query"], tuple(r["documents"])) for r in [*work.rounds[0], *work.rounds[1], *work.load]]
     assert len(set(sent)) == len(sent) and all(len(docs) == 4 for _, docs in sent)
     assert work.round_docs == 12
