@@ -57,7 +57,7 @@ from typing import get_args
 import numpy as np
 import ray
 from child_process import ChildProcess
-from host_capacity import FEEDER_STAGES, LoadCpu, capacity
+from host_capacity import FEEDER_STAGES, Cost, LoadCpu, capacity
 from host_stages import stages
 from in_process_worker import CANDIDATES, host_path_candidates
 from load_driver import LoadDriver
@@ -75,6 +75,7 @@ from radix_core.tiny_models import PRESETS, make_tiny_model, make_tiny_tokenizer
 SERVER_STAGES = ("queue", "build", "wait", "forward")  # BatchStats `<stage>_s`, as the replica records them
 TARGET_HOST_DOCS_S = 5000
 LOAD_DOCS = 1000  # at least, at full load: each process's CPU per document read over seconds, not a few requests
+IDLE_S = 3.0  # before each full load, each process's CPU idle (`host_capacity.LoadCpu`)
 API_KEYS = {t.name: f"host-path-{t.name.lower()}-tenant" for t in TRANSPORTS}  # a prefix cache tree per transport
 
 
@@ -153,10 +154,10 @@ def measure(key: int, work: Workload, inproc: ChildProcess, calls: dict, handle,
 
 def full_load(work: Workload, call, handle, clients: int, label: str, tag: str) -> dict:
     """Docs/s of `clients` closed-loop clients over the load requests, the replica's stage seconds per 1,000
-    documents and shares of the wall time, and each process's CPU per 1,000 documents (the processes carrying
-    `tag`: `host_capacity.LoadCpu`)."""
+    documents and shares of the wall time, and each process's CPU per 1,000 documents beyond its idle share of a
+    core (the processes carrying `tag`: `host_capacity.LoadCpu`)."""
+    cpu = LoadCpu(tag, IDLE_S)
     before = batch_seconds(handle)
-    cpu = LoadCpu(tag)
     start = time.perf_counter()
     outcomes = LoadDriver(call, iter(work.load)).closed_loop(clients, label=label, total=len(work.load))
     wall = time.perf_counter() - start
@@ -165,11 +166,12 @@ def full_load(work: Workload, call, handle, clients: int, label: str, tag: str) 
         raise RuntimeError(f"{label}: {len(failed)} of {len(outcomes)} requests failed, the first with "
                            f"{failed[0].error}")
     docs = sum(len(r["documents"]) for r in work.load)
-    cpu_ms = cpu.per_1000(docs, handle.info.remote().result()["torch_threads"])
+    costs = cpu.per_1000(docs, handle.info.remote().result()["torch_threads"])
     server = since(before, batch_seconds(handle))
     return {"docs/s": docs / wall, "batches": server["batches"],
             "share": {stage: server[stage] / wall for stage in SERVER_STAGES},
-            "per_1000": {stage: server[stage] * 1000 / docs for stage in SERVER_STAGES}, "cpu_ms": cpu_ms}
+            "per_1000": {stage: server[stage] * 1000 / docs for stage in SERVER_STAGES},
+            "cpu": {name: vars(cost) for name, cost in costs.items()}}
 
 
 def summarize(r: dict, node_cores: int) -> dict:
@@ -193,7 +195,8 @@ def summarize(r: dict, node_cores: int) -> dict:
                        "load / in-process": r["load"][t.name]["docs/s"] * engine_s / 1000,
                        "forward share at load": r["load"][t.name]["share"]["forward"],
                        "feeder ms": 1000 * sum(stage_s[s] for s in FEEDER_STAGES)}
-        out[t.name]["node"] = vars(capacity(r["load"][t.name]["cpu_ms"], out[t.name]["feeder ms"], node_cores))
+        costs = {name: Cost(**cost) for name, cost in r["load"][t.name]["cpu"].items()}
+        out[t.name]["node"] = vars(capacity(costs, out[t.name]["feeder ms"], node_cores))
     return out
 
 
@@ -290,18 +293,22 @@ def stage_table(r: dict) -> list[str]:
 
 
 def cpu_table(r: dict, node_cores: int) -> list[str]:
-    """CPU milliseconds per 1,000 documents of each process at full load, per transport, and what the host side
-    of a `node_cores`-CPU accelerator node sustains at those costs (`host_capacity`)."""
+    """Each process's CPU per 1,000 documents at full load beyond its idle share of a core (that share after it),
+    per transport, and what the host side of a `node_cores`-CPU accelerator node sustains at those costs
+    (`host_capacity`)."""
     names = [t.name for t in TRANSPORTS]
-    cpu = [r["load"][n]["cpu_ms"] for n in names]
-    most = {p: max(c.get(p, 0.0) for c in cpu) for c in cpu for p in c}
-    processes = sorted((p for p, ms in most.items() if ms >= 0.05), key=lambda p: -most[p])  # idle ones left out
-    rows = [f"| process (CPU ms per 1,000 documents at full load) | {' | '.join(names)} |",
-            "|---|" + "---|" * len(names)]
-    rows += [f"| {p} | {' | '.join(f'{c.get(p, 0.0):.1f}' for c in cpu)} |" for p in processes]
+    cpu = [r["load"][n]["cpu"] for n in names]
+    zero = {"ms": 0.0, "idle": 0.0}
+    most = {p: max(c.get(p, zero)["ms"] + 1000 * c.get(p, zero)["idle"] for c in cpu) for c in cpu for p in c}
+    processes = sorted((p for p, v in most.items() if v >= 0.05), key=lambda p: -most[p])  # the unused left out
+    rows = [f"| process: CPU ms per 1,000 documents at full load beyond idle (idle, % of a core) | "
+            f"{' | '.join(names)} |", "|---|" + "---|" * len(names)]
+    for p in processes:
+        cells = " | ".join(f"{c.get(p, zero)['ms']:.1f} ({100 * c.get(p, zero)['idle']:.1f}%)" for c in cpu)
+        rows.append(f"| {p} | {cells} |")
     summary = [r["summary"][n] for n in names]
     feeder = " | ".join(f"{s['feeder ms']:.1f}" for s in summary)
-    host = " | ".join(f"{s['node']['host_ms']:.1f}" for s in summary)
+    host = " | ".join(f"{s['node']['host_ms']:.1f} ({100 * s['node']['idle_cores']:.1f}%)" for s in summary)
     node = " | ".join(f"{s['node']['docs_s']:,.0f} ({s['node']['bound']})" for s in summary)
     return rows + [f"| feeder stages in-process ({', '.join(FEEDER_STAGES)}) | {feeder} |",
                    f"| **host, the forward's threads left out** | {host} |",

@@ -63,24 +63,27 @@ def test_the_script_writes_its_table_json_and_plot(tmp_path, workdir):
 
 
 def test_the_node_sustains_the_least_of_its_cores_and_its_one_core_processes():
-    from host_capacity import FORWARD_THREADS, INDEX_BUILDER, OTHER_THREADS, PROXY, capacity
+    from host_capacity import FORWARD_THREADS, INDEX_BUILDER, OTHER_THREADS, PROXY, Cost, capacity
 
-    cpu_ms = {FORWARD_THREADS: 5000.0, OTHER_THREADS: 10.0, PROXY: 100.0, INDEX_BUILDER: 20.0,
-              "ray::ServeReplica:radixserve:Ingress": 300.0, "raylet": 5.0}
-    node = capacity(cpu_ms, feeder_ms=30.0, cores=8)
+    costs = {FORWARD_THREADS: Cost(5000.0, 0.0), OTHER_THREADS: Cost(10.0, 0.02), PROXY: Cost(100.0, 0.5),
+             INDEX_BUILDER: Cost(20.0, 0.01), "ray::ServeReplica:radixserve:Ingress": Cost(300.0, 0.02),
+             "raylet": Cost(5.0, 0.45)}
+    node = capacity(costs, feeder_ms=30.0, cores=8)
     assert node.host_ms == pytest.approx(465.0)  # the forward's threads left out, the feeder's stages in
-    assert node.docs_s == pytest.approx(1e6 / 100.0) and "proxy" in node.bound  # under 8e6 / 465 = 17,204
-    small = capacity(cpu_ms, feeder_ms=30.0, cores=2)
-    assert small.docs_s == pytest.approx(2e6 / 465.0) and "2 cores" in small.bound
-    replica = capacity({**cpu_ms, OTHER_THREADS: 200.0}, feeder_ms=30.0, cores=64)
-    assert replica.docs_s == pytest.approx(1e6 / 230.0) and "engine replica" in replica.bound
+    assert node.idle_cores == pytest.approx(1.0)
+    assert node.docs_s == pytest.approx(0.5 * 1e6 / 100.0) and "proxy" in node.bound  # its idle half left
+    small = capacity(costs, feeder_ms=30.0, cores=2)
+    assert small.docs_s == pytest.approx((2 - 1.0) * 1e6 / 465.0) and "2 cores" in small.bound
+    replica = capacity({**costs, OTHER_THREADS: Cost(200.0, 0.02), PROXY: Cost(100.0, 0.0)}, feeder_ms=30.0,
+                       cores=64)
+    assert replica.docs_s == pytest.approx(0.98 * 1e6 / 230.0) and "engine replica" in replica.bound
 
 
 def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_thread():
-    """A process titled as the engine replica burns ~0.4 s of CPU in one thread and ~0.1 s in another: with one
-    torch thread the first is its forward, the second its other threads; an untagged process is not counted."""
+    """A process titled as the engine replica, idle while its idle share is read, then burns ~0.4 s of CPU in one
+    thread and ~0.1 s in another: with one torch thread the first is its forward, the second its other threads; an
+    untagged process is not counted."""
     import subprocess
-    import time
     import uuid
 
     from host_capacity import ENGINE, FORWARD_THREADS, OTHER_THREADS, LoadCpu
@@ -91,7 +94,7 @@ def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_th
             "end = threading.Event()\n"
             "def spin(s):\n    until = time.process_time() + s\n    while time.process_time() < until: pass\n"
             "    end.wait()\n"  # a thread that ended leaves /proc/PID/task with its CPU time
-            "sys.stdin.readline()\n"
+            "print('ready', flush=True)\nsys.stdin.readline()\n"
             "for s in (0.4, 0.1):\n    threading.Thread(target=spin, args=(s,)).start(); time.sleep(s + 0.2)\n"
             "print('done', flush=True)\nsys.stdin.readline()\nend.set()\n")
     env = {**os.environ, TAG_ENV: tag}
@@ -99,10 +102,9 @@ def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_th
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as engine, \
             subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True) as untagged:
-        deadline = time.monotonic() + 20  # until bash has exec'd the titled interpreter
-        while process_name(engine.pid) != ENGINE and time.monotonic() < deadline:
-            time.sleep(0.05)
-        cpu = LoadCpu(tag)
+        assert engine.stdout.readline() == "ready\n" and untagged.stdout.readline() == "ready\n"
+        assert process_name(engine.pid) == ENGINE  # bash exec'd the titled interpreter, now waiting on its stdin
+        cpu = LoadCpu(tag, idle_s=0.3)
         for process in (engine, untagged):
             process.stdin.write("go\n")
             process.stdin.flush()
@@ -111,5 +113,6 @@ def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_th
         for process in (engine, untagged):
             process.stdin.write("end\n")
             process.stdin.flush()
-    assert 350 <= spent[FORWARD_THREADS] <= 600 and 80 <= spent[OTHER_THREADS] <= 250
+    assert 350 <= spent[FORWARD_THREADS].ms <= 600 and 80 <= spent[OTHER_THREADS].ms <= 250
+    assert spent[FORWARD_THREADS].idle < 0.05 and spent[OTHER_THREADS].idle < 0.05  # waiting on its stdin
     assert set(spent) == {FORWARD_THREADS, OTHER_THREADS}
