@@ -33,6 +33,7 @@ from peer_vllm_processes import process_name, tagged
 
 PROXY, INDEX_BUILDER = "ray::ProxyActor", "ray::IndexBuilder"
 ENGINE = "ray::ServeReplica:radixserve:EngineReplica"
+INGRESS = "ray::ServeReplica:radixserve:Ingress"  # also the engine replica's process under `topology: combined`
 FORWARD_THREADS, OTHER_THREADS = "engine replica: forward threads", "engine replica: other threads"
 FEEDER_STAGES = ("cache lookup", "plan", "cache commit", "finish")  # the compute thread's host work per batch
 ONE_CORE = {"Ray Serve's proxy (one per node)": (PROXY,), "the IndexBuilder (one per engine replica)": (INDEX_BUILDER,),
@@ -65,14 +66,14 @@ def snapshot(tag: str) -> Snapshot:
     return out
 
 
-def spent(before: Snapshot, after: Snapshot, forward: set[int]) -> dict[str, float]:
-    """CPU seconds between two snapshots per process name, the engine replica's as its `forward` threads and the
+def spent(before: Snapshot, after: Snapshot, engine: str, forward: set[int]) -> dict[str, float]:
+    """CPU seconds between two snapshots per process name, the `engine` process's as its `forward` threads and the
     rest."""
     out: dict[str, float] = {}
     for pid, (name, threads) in after.items():
         earlier = before.get(pid, (name, {}))[1]
         for tid, seconds in threads.items():
-            row = (FORWARD_THREADS if tid in forward else OTHER_THREADS) if name == ENGINE else name
+            row = (FORWARD_THREADS if tid in forward else OTHER_THREADS) if name == engine else name
             out[row] = out.get(row, 0.0) + seconds - earlier.get(tid, 0.0)
     return out
 
@@ -85,10 +86,11 @@ class Cost:
 
 class LoadCpu:
     """Construction reads the tagged processes idle for `idle_s` seconds, then marks the load's start;
-    `per_1000(docs, torch_threads)` gives each process's `Cost` over the load since."""
+    `per_1000(docs, torch_threads)` gives each process's `Cost` over the load since. `engine`: the name of the
+    process the engine replica runs in (the ingress's under `placement.topology: combined`)."""
 
-    def __init__(self, tag: str, idle_s: float):
-        self.tag = tag
+    def __init__(self, tag: str, idle_s: float, engine: str = ENGINE):
+        self.tag, self.engine = tag, engine
         idle_start, started = snapshot(tag), time.perf_counter()
         time.sleep(idle_s)
         self.idle = (idle_start, snapshot(tag), time.perf_counter() - started)
@@ -97,12 +99,12 @@ class LoadCpu:
     def per_1000(self, docs: int, torch_threads: int) -> dict[str, Cost]:
         end, wall = snapshot(self.tag), time.perf_counter() - self.started
         load = [(tid, seconds - self.start.get(pid, (name, {}))[1].get(tid, 0.0))
-                for pid, (name, threads) in end.items() if name == ENGINE for tid, seconds in threads.items()]
+                for pid, (name, threads) in end.items() if name == self.engine for tid, seconds in threads.items()]
         forward = {tid for tid, _ in sorted(load, key=lambda item: -item[1])[:torch_threads]}
         before, idle_end, idle_s = self.idle
-        idle = {name: s / idle_s for name, s in spent(before, idle_end, forward).items()}
+        idle = {name: s / idle_s for name, s in spent(before, idle_end, self.engine, forward).items()}
         costs = {name: Cost(max(0.0, 1e6 * (s - idle.get(name, 0.0) * wall) / docs), idle.get(name, 0.0))
-                 for name, s in spent(self.start, end, forward).items()}
+                 for name, s in spent(self.start, end, self.engine, forward).items()}
         return dict(sorted(costs.items(), key=lambda item: -item[1].ms))
 
 

@@ -57,7 +57,7 @@ from typing import get_args
 import numpy as np
 import ray
 from child_process import ChildProcess
-from host_capacity import FEEDER_STAGES, Cost, LoadCpu, capacity
+from host_capacity import ENGINE, FEEDER_STAGES, INGRESS, Cost, LoadCpu, capacity
 from host_stages import stages
 from in_process_worker import CANDIDATES, host_path_candidates
 from load_driver import LoadDriver
@@ -146,17 +146,17 @@ def measure(key: int, work: Workload, inproc: ChildProcess, calls: dict, handle,
               "stages": stage_s,
               "server_1_client": {k: v * 1000 / (2 * work.round_docs * (args.repeats + 1)) if k != "batches" else v
                                   for k, v in server.items()},
-              "load": {name: full_load(work, call, handle, args.clients, f"load {name} {work.docs}", args.tag)
+              "load": {name: full_load(work, call, handle, args.clients, f"load {name} {work.docs}",
+                                       LoadCpu(args.tag, IDLE_S, ENGINE if args.topology == "split" else INGRESS))
                        for name, call in calls.items()}}
     result["summary"] = summarize(result, args.node_cores)
     return result
 
 
-def full_load(work: Workload, call, handle, clients: int, label: str, tag: str) -> dict:
+def full_load(work: Workload, call, handle, clients: int, label: str, cpu: LoadCpu) -> dict:
     """Docs/s of `clients` closed-loop clients over the load requests, the replica's stage seconds per 1,000
     documents and shares of the wall time, and each process's CPU per 1,000 documents beyond its idle share of a
-    core (the processes carrying `tag`: `host_capacity.LoadCpu`)."""
-    cpu = LoadCpu(tag, IDLE_S)
+    core (`cpu`, constructed just before: its idle reading)."""
     before = batch_seconds(handle)
     start = time.perf_counter()
     outcomes = LoadDriver(call, iter(work.load)).closed_loop(clients, label=label, total=len(work.load))

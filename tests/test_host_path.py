@@ -79,17 +79,18 @@ def test_the_node_sustains_the_least_of_its_cores_and_its_one_core_processes():
     assert replica.docs_s == pytest.approx(0.98 * 1e6 / 230.0) and "engine replica" in replica.bound
 
 
-def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_thread():
-    """A process titled as the engine replica, idle while its idle share is read, then burns ~0.4 s of CPU in one
-    thread and ~0.1 s in another: with one torch thread the first is its forward, the second its other threads; an
-    untagged process is not counted."""
+@pytest.mark.parametrize("topology", ["split", "combined"])
+def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_thread(topology):
+    """A process titled as the engine replica (the ingress under `combined`), idle while its idle share is read, then
+    burns ~0.4 s of CPU in one thread and ~0.1 s in another: with one torch thread the first is its forward, the
+    second its other threads; an untagged process is not counted."""
     import subprocess
     import uuid
 
-    from host_capacity import ENGINE, FORWARD_THREADS, OTHER_THREADS, LoadCpu
+    from host_capacity import ENGINE, FORWARD_THREADS, INGRESS, OTHER_THREADS, LoadCpu
     from peer_vllm_processes import TAG_ENV, process_name
 
-    tag = uuid.uuid4().hex
+    tag, title = uuid.uuid4().hex, ENGINE if topology == "split" else INGRESS
     burn = ("import sys, threading, time\n"
             "end = threading.Event()\n"
             "def spin(s):\n    until = time.process_time() + s\n    while time.process_time() < until: pass\n"
@@ -98,13 +99,13 @@ def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_th
             "for s in (0.4, 0.1):\n    threading.Thread(target=spin, args=(s,)).start(); time.sleep(s + 0.2)\n"
             "print('done', flush=True)\nsys.stdin.readline()\nend.set()\n")
     env = {**os.environ, TAG_ENV: tag}
-    with subprocess.Popen(["bash", "-c", f'exec -a "{ENGINE}" {sys.executable} -c "$0"', burn], env=env,
+    with subprocess.Popen(["bash", "-c", f'exec -a "{title}" {sys.executable} -c "$0"', burn], env=env,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as engine, \
             subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True) as untagged:
         assert engine.stdout.readline() == "ready\n" and untagged.stdout.readline() == "ready\n"
-        assert process_name(engine.pid) == ENGINE  # bash exec'd the titled interpreter, now waiting on its stdin
-        cpu = LoadCpu(tag, idle_s=0.3)
+        assert process_name(engine.pid) == title  # bash exec'd the titled interpreter, now waiting on its stdin
+        cpu = LoadCpu(tag, idle_s=0.3, engine=title)
         for process in (engine, untagged):
             process.stdin.write("go\n")
             process.stdin.flush()
