@@ -93,10 +93,11 @@ def test_load_cpu_counts_each_tagged_process_and_splits_the_engine_replica_by_th
     tag, title = uuid.uuid4().hex, ENGINE if topology == "split" else INGRESS
     burn = ("import sys, threading, time\n"
             "end = threading.Event()\n"
-            "def spin(s):\n    until = time.process_time() + s\n    while time.process_time() < until: pass\n"
-            "    end.wait()\n"  # a thread that ended leaves /proc/PID/task with its CPU time
+            "def spin(s, spun):\n    until = time.process_time() + s\n    while time.process_time() < until: pass\n"
+            "    spun.set(); end.wait()\n"  # a thread that ended leaves /proc/PID/task with its CPU time
             "print('ready', flush=True)\nsys.stdin.readline()\n"
-            "for s in (0.4, 0.1):\n    threading.Thread(target=spin, args=(s,)).start(); time.sleep(s + 0.2)\n"
+            "for s in (0.4, 0.1):\n"  # one spinner at a time: the process's CPU clock is each one's own
+            "    spun = threading.Event(); threading.Thread(target=spin, args=(s, spun)).start(); spun.wait()\n"
             "print('done', flush=True)\nsys.stdin.readline()\nend.set()\n")
     env = {**os.environ, TAG_ENV: tag}
     with subprocess.Popen(["bash", "-c", f'exec -a "{title}" {sys.executable} -c "$0"', burn], env=env,
