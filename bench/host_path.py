@@ -355,8 +355,8 @@ def arithmetic(results: dict, args) -> str:
             f"served / the in-process stages (the same batches): {s[grpc]['served / stages']:.2f}x over {grpc}, "
             f"{s[TRANSPORTS[1].name]['served / stages']:.2f}x over {TRANSPORTS[1].name}. At the CPU each process "
             f"spent at full load (the forward's threads left out, the feeder's stages in: "
-            f"{s[grpc]['node']['host_ms']:.1f} ms per 1,000 documents over {grpc}), the host side of a "
-            f"{args.node_cores}-CPU node whose forward runs on an accelerator sustains "
+            f"{s[grpc]['node']['host_ms']:.1f} ms per 1,000 documents over {grpc}), the host side of a node of "
+            f"{args.node_cores} CPUs whose forward runs on an accelerator sustains "
             f"**{s[grpc]['node']['docs_s']:,.0f} documents/s** over {grpc} (bound: {s[grpc]['node']['bound']}) and "
             f"{s[TRANSPORTS[1].name]['node']['docs_s']:,.0f} over {TRANSPORTS[1].name} "
             f"(bound: {s[TRANSPORTS[1].name]['node']['bound']}).")
